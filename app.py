@@ -1,0 +1,75 @@
+"""Entry point.
+
+    python app.py [serve] [--trial PATH] [--host 127.0.0.1] [--port 8050] ...
+    python app.py analyze TRIAL [--json] [--node NODE]
+    gunicorn app:server          (configured through DASHBOARD_* environment variables)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLE_TRIAL = os.path.join(HERE, "examples", "sample-trial", "trial")
+
+
+def _analyze(args) -> int:
+    from dashboard import analyze
+    from dashboard.report import to_dict, to_text
+    from dashboard.trial.errors import TrialError
+
+    try:
+        result = analyze(args.trial, node=args.node, outlier_factor=args.outlier_factor)
+    except TrialError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        sys.stdout.write(json.dumps(to_dict(result), allow_nan=False) + "\n")
+    else:
+        print(to_text(result))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="app.py", description="DataLoader Profiler Dashboard")
+    sub = parser.add_subparsers(dest="command")
+    analyze = sub.add_parser("analyze", help="print the DataLoader analysis of a trial")
+    analyze.add_argument("trial", help="trial path: a local folder or s3://bucket/prefix")
+    analyze.add_argument("--json", action="store_true", help="print one JSON object")
+    analyze.add_argument("--node", help="only this node (framework node id or host, e.g. algo-1)")
+    analyze.add_argument("--outlier-factor", type=float, default=2.0,
+                         help="an outlier is a value above this x the median (default 2)")
+    from dashboard.web.options import add_serve_arguments
+
+    serve = sub.add_parser("serve", help="serve the dashboard (the default)")
+    add_serve_arguments(serve)
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "serve")
+    args = build_parser().parse_args(argv)
+    if args.command == "analyze":
+        return _analyze(args)
+    from dashboard.web.server import serve
+
+    return serve(args)
+
+
+def __getattr__(name):
+    # `gunicorn app:server` builds the app on first access, from DASHBOARD_* variables.
+    if name == "server":
+        from dashboard.web.server import server_from_environment
+
+        return server_from_environment()
+    raise AttributeError(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

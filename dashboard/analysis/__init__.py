@@ -1,0 +1,1 @@
+"""Pure analyses: frames in, results out. No I/O, no printing, no Dash."""

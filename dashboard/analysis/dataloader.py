@@ -1,0 +1,265 @@
+"""The DataLoader analyses: pure functions from the canonical frames to results.
+
+No I/O, no printing. Times are absolute epoch microseconds; durations microseconds,
+batch times seconds. An outlier is a value above `factor` x the median (the
+reference's rule, factor 2 by default).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .. import format as fmt
+
+DEFAULT_OUTLIER_FACTOR = 2.0
+INIT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "node", "pid", "type"]
+WORKER_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node"]
+GETNEXT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node"]
+BATCH_OUTLIER_COLUMNS = ["start_us", "end_us", "batch_time_s", "pid", "node", "worker_id"]
+
+
+def outlier_threshold(values: pd.Series, factor: float = DEFAULT_OUTLIER_FACTOR) -> float | None:
+    """Values above this are outliers: factor x median.
+
+    A zero median (a timer too coarse, or batches served from a prefetch queue) would make
+    every non-zero value an outlier; then Tukey's far-out fence (Q3 + 3 IQR) is used,
+    which still catches the rare long value among many zeros.
+    """
+    values = values.dropna()
+    if values.empty:
+        return None
+    median = float(values.median())
+    if median > 0:
+        return factor * median
+    q1, q3 = (float(q) for q in values.quantile([0.25, 0.75]))
+    return q3 + 3 * (q3 - q1)
+
+
+def outliers(frame: pd.DataFrame, column: str, factor: float) -> pd.DataFrame:
+    """Rows of `frame` whose `column` is above the threshold, longest first."""
+    threshold = outlier_threshold(frame[column], factor)
+    if threshold is None:
+        return frame.iloc[0:0]
+    found = frame[frame[column] > threshold]
+    return found.sort_values(column, ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _median(series: pd.Series) -> float | None:
+    series = series.dropna()
+    return float(series.median()) if len(series) else None
+
+
+def _max(series: pd.Series) -> float | None:
+    series = series.dropna()
+    return float(series.max()) if len(series) else None
+
+
+def iterator_class(name: str) -> str:
+    """'_MultiProcessingDataLoaderIter::GetNext' -> '_MultiProcessingDataLoaderIter'."""
+    return re.split(r"::|\.(?=__init__$|worker$|__next__$)", name, maxsplit=1)[0]
+
+
+# --- results ---------------------------------------------------------------------------
+
+@dataclass
+class DurationStats:
+    count: int
+    median_us: float | None
+    max_us: float | None
+    outliers: pd.DataFrame
+    events: pd.DataFrame  # every event of this kind, for figures
+
+
+@dataclass
+class InitializationResult(DurationStats):
+    # One row per iterator class and configuration: type, num_workers, pin_memory,
+    # count, median_us, max_us.
+    iterators: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+@dataclass
+class BatchTimeResult:
+    count: int
+    median_s: float | None
+    outliers: pd.DataFrame
+    # Every GetNext with its batch time (NaN for the first of an iterator).
+    batches: pd.DataFrame
+
+
+@dataclass
+class Window:
+    start_us: int
+    end_us: int
+    system: pd.DataFrame
+    framework: pd.DataFrame
+
+
+@dataclass
+class DataLoaderAnalysis:
+    initialization: InitializationResult
+    workers: DurationStats
+    getnext: DurationStats
+    batchtime: BatchTimeResult
+    outlier_factor: float
+
+
+# --- the analyses ------------------------------------------------------------------------
+
+def _of_kind(framework: pd.DataFrame, kind: str) -> pd.DataFrame:
+    return framework[framework["kind"] == kind]
+
+
+def analyze_initialization(framework: pd.DataFrame,
+                           factor: float = DEFAULT_OUTLIER_FACTOR) -> InitializationResult:
+    inits = _of_kind(framework, fmt.KIND_INIT).copy()
+    inits["type"] = inits["name"].astype(str).map(iterator_class)
+    keys = ["type", "num_workers", "pin_memory"]
+    if len(inits):
+        iterators = (inits.groupby(keys, dropna=False, observed=True)["duration_us"]
+                     .agg(count="size", median_us="median", max_us="max").reset_index())
+    else:
+        iterators = pd.DataFrame(columns=keys + ["count", "median_us", "max_us"])
+    return InitializationResult(
+        count=len(inits), median_us=_median(inits["duration_us"]), max_us=_max(inits["duration_us"]),
+        outliers=outliers(inits, "duration_us", factor)[INIT_OUTLIER_COLUMNS],
+        events=inits.reset_index(drop=True), iterators=iterators)
+
+
+def analyze_workers(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR) -> DurationStats:
+    workers = _of_kind(framework, fmt.KIND_WORKER)
+    return DurationStats(
+        count=len(workers), median_us=_median(workers["duration_us"]), max_us=_max(workers["duration_us"]),
+        outliers=outliers(workers, "duration_us", factor)[WORKER_OUTLIER_COLUMNS],
+        events=workers.reset_index(drop=True))
+
+
+def analyze_getnext(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR) -> DurationStats:
+    calls = _of_kind(framework, fmt.KIND_GETNEXT)
+    return DurationStats(
+        count=len(calls), median_us=_median(calls["duration_us"]), max_us=_max(calls["duration_us"]),
+        outliers=outliers(calls, "duration_us", factor)[GETNEXT_OUTLIER_COLUMNS],
+        events=calls.reset_index(drop=True))
+
+
+def iterator_segments(framework: pd.DataFrame) -> pd.Series:
+    """An id per GetNext naming the iterator that served it (index-aligned with the GetNexts).
+
+    Two GetNexts share an id only if they come from one process on one node, from the same
+    iterator class, with no initialization of that class on that process between them
+    and no GetNext of another class between them. Events of this project's collector
+    carry an explicit iterator_id, which then also splits persistent-worker epochs.
+    """
+    calls = _of_kind(framework, fmt.KIND_GETNEXT)
+    if calls.empty:
+        return pd.Series([], dtype="int64", index=calls.index)
+    inits = _of_kind(framework, fmt.KIND_INIT)
+    cls = calls["name"].astype(str).map(iterator_class)
+    init_cls = inits["name"].astype(str).map(iterator_class)
+    frame = pd.DataFrame({
+        "node": calls["node"].astype(str), "pid": calls["pid"].fillna(-1).astype("int64"),
+        "cls": cls, "start": calls["start_us"], "iterator_id": calls["iterator_id"]}, index=calls.index)
+    # Number of initializations of this class on this process that started before the call.
+    frame["inits_before"] = 0
+    init_frame = pd.DataFrame({"node": inits["node"].astype(str),
+                               "pid": inits["pid"].fillna(-1).astype("int64"),
+                               "cls": init_cls, "start": inits["start_us"]})
+    for key, group in frame.groupby(["node", "pid", "cls"], sort=False):
+        starts = init_frame.loc[(init_frame["node"] == key[0]) & (init_frame["pid"] == key[1])
+                                & (init_frame["cls"] == key[2]), "start"].sort_values().to_numpy()
+        if len(starts):
+            frame.loc[group.index, "inits_before"] = np.searchsorted(starts, group["start"].to_numpy(),
+                                                                     side="right")
+    frame = frame.sort_values(["node", "pid", "start"], kind="stable")
+    prev = frame.shift()
+    new_segment = ((frame["node"] != prev["node"]) | (frame["pid"] != prev["pid"])
+                   | (frame["cls"] != prev["cls"]) | (frame["inits_before"] != prev["inits_before"])
+                   | (frame["iterator_id"].fillna(-1) != prev["iterator_id"].fillna(-1)))
+    return new_segment.cumsum().astype("int64").reindex(calls.index)
+
+
+def analyze_batchtime(framework: pd.DataFrame,
+                      factor: float = DEFAULT_OUTLIER_FACTOR) -> BatchTimeResult:
+    """BatchTime_in_seconds: start of the next GetNext minus start of this one, per iterator.
+
+    Each batch is attributed to the interval [this start, next start]: the time the training
+    loop spent on this batch, fetch included. The last GetNext of an iterator has none.
+    """
+    calls = _of_kind(framework, fmt.KIND_GETNEXT)
+    columns = ["start_us", "end_us", "batch_time_s", "pid", "node", "worker_id", "segment"]
+    if calls.empty:
+        empty = pd.DataFrame(columns=columns)
+        return BatchTimeResult(0, None, empty[BATCH_OUTLIER_COLUMNS], empty)
+    segment = iterator_segments(framework)
+    batches = pd.DataFrame({"segment": segment, "start_us": calls["start_us"],
+                            "pid": calls["pid"], "node": calls["node"],
+                            "worker_id": calls["worker_id"]}).sort_values(["segment", "start_us"],
+                                                                          kind="stable")
+    next_start = batches.groupby("segment", sort=False)["start_us"].shift(-1)
+    batches["end_us"] = next_start.astype("Int64")
+    batches["batch_time_s"] = (next_start - batches["start_us"]) / 1e6
+    batches = batches.dropna(subset=["batch_time_s"]).sort_values("start_us", kind="stable")
+    batches["end_us"] = batches["end_us"].astype("int64")
+    batches = batches[columns].reset_index(drop=True)
+    return BatchTimeResult(
+        count=len(batches), median_s=_median(batches["batch_time_s"]),
+        outliers=outliers(batches, "batch_time_s", factor)[BATCH_OUTLIER_COLUMNS],
+        batches=batches)
+
+
+def _matches_any(values: pd.Series, patterns: Sequence[str]) -> pd.Series:
+    """Rows whose value matches one of the regexes (searched, like the reference's match_inc)."""
+    patterns = list(patterns or [".*"])
+    combined = "|".join(f"(?:{p})" for p in patterns)
+    if values.dtype.name == "category":
+        cats = values.cat.categories.astype(str)
+        hit = pd.Series(cats.str.contains(combined, regex=True), index=cats)
+        return values.astype(str).map(hit).fillna(False).astype(bool)
+    return values.astype(str).str.contains(combined, regex=True)
+
+
+def validate_patterns(patterns: Sequence[str]) -> list[str]:
+    """The patterns, or ValueError naming the first that is not a valid regex."""
+    patterns = [p for p in (patterns or []) if p] or [".*"]
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return patterns
+
+
+def window(framework: pd.DataFrame, system: pd.DataFrame, start_us: int | None, end_us: int | None,
+           select_events: Sequence[str] = (".*",), select_dimensions: Sequence[str] = (".*",)) -> Window:
+    """System samples and framework events inside [start_us, end_us].
+
+    select_events filters framework events by name or phase; select_dimensions filters
+    system metrics by dimension, name or type ("CPUUtilization", "gpu0", "i/o").
+    Framework events overlapping the window are kept, clipped to nothing.
+    """
+    select_events = validate_patterns(select_events)
+    select_dimensions = validate_patterns(select_dimensions)
+    lo = -2**62 if start_us is None else int(start_us)
+    hi = 2**62 if end_us is None else int(end_us)
+    ts = system["timestamp_us"].to_numpy()
+    sys_in = system[(ts >= lo) & (ts <= hi)]
+    keep = (_matches_any(sys_in["dimension"], select_dimensions)
+            | _matches_any(sys_in["name"], select_dimensions)
+            | _matches_any(sys_in["type"], select_dimensions))
+    fw_in = framework[(framework["end_us"].to_numpy() >= lo) & (framework["start_us"].to_numpy() <= hi)]
+    keep_fw = _matches_any(fw_in["name"], select_events) | _matches_any(fw_in["phase"], select_events)
+    return Window(lo if start_us is not None else 0, hi if end_us is not None else 0,
+                  sys_in[keep.to_numpy()].reset_index(drop=True),
+                  fw_in[keep_fw.to_numpy()].reset_index(drop=True))
+
+
+def analyze(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR) -> DataLoaderAnalysis:
+    return DataLoaderAnalysis(
+        initialization=analyze_initialization(framework, factor),
+        workers=analyze_workers(framework, factor),
+        getnext=analyze_getnext(framework, factor),
+        batchtime=analyze_batchtime(framework, factor),
+        outlier_factor=factor)

@@ -1,0 +1,59 @@
+"""The modern API: load a trial, analyze it, get typed results.
+
+    >>> import dashboard
+    >>> trial = dashboard.load_trial("s3://bucket/job/profiler-output")
+    >>> result = dashboard.analyze(trial)
+    >>> result.getnext.median_us, result.getnext.outliers
+    >>> result.to_dict()          # the `app.py analyze --json` object
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .analysis import dataloader
+from .analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis, Window
+from .trial.load import Trial, load_trial
+
+
+@dataclass
+class TrialAnalysis:
+    """A trial and every analysis of it."""
+    trial: Trial
+    dataloader: DataLoaderAnalysis
+    node: str | None = None
+
+    @property
+    def initialization(self):
+        return self.dataloader.initialization
+
+    @property
+    def workers(self):
+        return self.dataloader.workers
+
+    @property
+    def getnext(self):
+        return self.dataloader.getnext
+
+    @property
+    def batchtime(self):
+        return self.dataloader.batchtime
+
+    def window(self, start_us=None, end_us=None, select_events=(".*",),
+               select_dimensions=(".*",)) -> Window:
+        return dataloader.window(self.trial.framework, self.trial.system, start_us, end_us,
+                                 select_events, select_dimensions)
+
+    def to_dict(self) -> dict:
+        from .report import to_dict
+
+        return to_dict(self)
+
+
+def analyze(trial: Trial | str, *, node: str | None = None,
+            outlier_factor: float = DEFAULT_OUTLIER_FACTOR, **load_options) -> TrialAnalysis:
+    """Analyze a trial (a loaded Trial or a path, read with `load_trial(path, **load_options)`)."""
+    if isinstance(trial, str):
+        trial = load_trial(trial, **load_options)
+    part = trial.for_node(node)
+    return TrialAnalysis(trial=part, dataloader=dataloader.analyze(part.framework, outlier_factor),
+                         node=node)

@@ -1,0 +1,96 @@
+"""Constants of the trial format (SageMaker Debugger profiler output).
+
+Standard library only: the collector imports this inside training jobs, which
+may not have pandas or Dash installed.
+"""
+from __future__ import annotations
+
+import re
+
+# Phases: the trace "process_name" that a small trace pid maps to.
+PHASE_INIT = "DataLoaderIterInitialize"
+PHASE_ITER = "DataLoaderIter"
+PHASE_WORKER = "DataLoaderWorker"
+PHASE_STEP_TRAIN = "Step:ModeKeys.TRAIN"
+PHASE_STEP_EVAL = "Step:ModeKeys.EVAL"
+# Written by this project's collector only (the reference never had them).
+PHASE_WORKER_FETCH = "DataLoaderWorkerFetch"
+
+# Event kinds the analysis cares about; everything else is "other".
+KIND_INIT = "init"
+KIND_GETNEXT = "getnext"
+KIND_WORKER = "worker"
+KIND_STEP = "step"
+KIND_FETCH = "fetch"
+KIND_OTHER = "other"
+KINDS = (KIND_INIT, KIND_GETNEXT, KIND_WORKER, KIND_STEP, KIND_FETCH, KIND_OTHER)
+
+# Event names, by iterator class ("_MultiProcessingDataLoaderIter", ...).
+def init_event_name(iter_class: str) -> str:
+    return f"{iter_class}.__init__"
+
+
+def getnext_event_name(iter_class: str) -> str:
+    return f"{iter_class}::GetNext"
+
+
+def worker_event_name(iter_class: str) -> str:
+    return f"{iter_class}.worker"
+
+
+# Recognising events by name, for producers that did not name the phase.
+GETNEXT_NAME_RE = re.compile(r"(DataLoaderIter::GetNext|DataLoaderIter\.__next__|::GetNext$)")
+INIT_NAME_RE = re.compile(r"DataLoaderIter\.__init__$")
+WORKER_NAME_RE = re.compile(r"DataLoaderIter\.worker$")
+
+# Event args keys.
+ARG_PID = "pid"
+ARG_STEP = "step_num"
+ARG_WORKER_ID = "worker_id"
+ARG_NUM_WORKERS = "num_workers"
+ARG_PIN_MEMORY = "pin_memory"
+ARG_ITERATOR_ID = "iterator_id"  # collector: one id per iterator instance
+ARG_PERSISTENT = "persistent_workers"
+ARG_PREFETCH = "prefetch_factor"
+ARG_START_TIME = "start_time_since_epoch_in_micros"
+
+# Layout of a trial.
+FRAMEWORK_DIR = "framework"
+PEVENTS_DIR = "framework/pevents"
+SYSTEM_DIR = "system/incremental"
+FRAMEWORK_SUFFIXES = ("_pythontimeline.json", "_model_timeline.json", "_horovod_timeline.json",
+                      "_smdataparallel_timeline.json")
+# <END_US>_<NODE>_pythontimeline.json
+FRAMEWORK_FILE_RE = re.compile(r"^(?P<end_us>\d+)_(?P<node>.+?)_(?:python|model|horovod|smdataparallel)timeline\.json(?:\.gz)?$")
+# <NODE>_pythontimeline.json.tmp (file still being written)
+FRAMEWORK_TMP_RE = re.compile(r"^(?P<node>.+?)_(?:python|model|horovod|smdataparallel)timeline\.json\.tmp$")
+# <EPOCH_S>.<NODE>.json
+SYSTEM_FILE_RE = re.compile(r"^(?P<epoch_s>\d+)\.(?P<node>.+?)\.json(?:\.gz|\.tmp)?$")
+
+
+def hour_folder(epoch_us: int) -> str:
+    """YYYYMMDDHH (UTC) of a time, the folder a closed file goes into."""
+    import time
+
+    return time.strftime("%Y%m%d%H", time.gmtime(epoch_us / 1e6))
+
+
+def framework_file_key(end_us: int, node: str) -> str:
+    return f"{PEVENTS_DIR}/{hour_folder(end_us)}/{end_us}_{node}_pythontimeline.json"
+
+
+def framework_tmp_key(node: str) -> str:
+    return f"{FRAMEWORK_DIR}/{node}_pythontimeline.json.tmp"
+
+
+def system_file_key(epoch_s: int, node: str) -> str:
+    return f"{SYSTEM_DIR}/{hour_folder(epoch_s * 1_000_000)}/{epoch_s}.{node}.json"
+
+
+def framework_node_id(pid_or_rank: int, host_index: int = 1) -> str:
+    """`<pid>-algo-<host>` or `<rank>-algo-<host>` as the reference names nodes."""
+    return f"{pid_or_rank}-algo-{host_index}"
+
+
+def system_node_id(host_index: int = 1) -> str:
+    return f"algo-{host_index}"

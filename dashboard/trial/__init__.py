@@ -1,0 +1,1 @@
+"""Where a trial lives and how it is read."""

@@ -1,0 +1,170 @@
+"""Loading a trial: list its files, read and parse them concurrently, build the frames."""
+from __future__ import annotations
+
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from .. import format as fmt
+from . import frames
+from .errors import NotATrialError, TrialError, TrialTooLargeError
+from .smdebug_format import ParsedFile, decompress, parse_system_file, parse_trace_file
+from .store import FileInfo, Store, fingerprint, open_store
+
+FRAMEWORK, SYSTEM = "framework", "system"
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    path: str
+    reason: str
+
+
+@dataclass
+class LoadReport:
+    """What was read and what was skipped, and why. Skips are reported, never silent."""
+    files_read: int = 0
+    files_skipped: list[SkippedFile] = field(default_factory=list)
+    lines_skipped: int = 0
+    # Files read with some lines skipped: (path, reason).
+    files_with_skipped_lines: list[SkippedFile] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"read": self.files_read,
+                "skipped": [{"path": s.path, "reason": s.reason} for s in self.files_skipped]}
+
+
+@dataclass
+class Trial:
+    """A loaded trial: the canonical frames plus what loading them skipped."""
+    path: str
+    framework: pd.DataFrame
+    system: pd.DataFrame
+    report: LoadReport
+    fingerprint: str = ""
+    format: str = "smdebug"  # smdebug | kineto | mixed
+
+    @property
+    def nodes(self) -> list[str]:
+        names = set(self.framework["node"].unique()) | set(self.system["node"].unique())
+        return sorted(str(n) for n in names if isinstance(n, str))
+
+    @property
+    def start_us(self) -> int | None:
+        starts = [s for s in (self.framework["start_us"].min() if len(self.framework) else None,
+                              self.system["timestamp_us"].min() if len(self.system) else None)
+                  if s is not None]
+        return int(min(starts)) if starts else None
+
+    @property
+    def end_us(self) -> int | None:
+        ends = [e for e in (self.framework["end_us"].max() if len(self.framework) else None,
+                            self.system["timestamp_us"].max() if len(self.system) else None)
+                if e is not None]
+        return int(max(ends)) if ends else None
+
+    def for_node(self, node: str | None) -> "Trial":
+        """The part of the trial recorded on one node (a framework node id or a host)."""
+        if not node:
+            return self
+        fw_nodes = self.framework["node"].astype(str)
+        fw_mask = (fw_nodes == node) | (fw_nodes.map(host_of) == node)
+        sys_nodes = self.system["node"].astype(str)
+        sys_mask = (sys_nodes == node) | (sys_nodes == host_of(node))
+        return Trial(self.path, self.framework[fw_mask].reset_index(drop=True),
+                     self.system[sys_mask].reset_index(drop=True), self.report,
+                     self.fingerprint, self.format)
+
+
+def host_of(node: str) -> str:
+    """The host of a framework node id: '20557-algo-1' -> 'algo-1'."""
+    head, sep, rest = node.partition("-")
+    return rest if sep and head.isdigit() else node
+
+
+def classify_key(key: str) -> tuple[str, str] | None:
+    """(FRAMEWORK | SYSTEM, node) for a file of the trial format, else None."""
+    base = posixpath.basename(key)
+    if key.startswith(fmt.FRAMEWORK_DIR + "/"):
+        match = fmt.FRAMEWORK_FILE_RE.match(base) or fmt.FRAMEWORK_TMP_RE.match(base)
+        if match:
+            return FRAMEWORK, match.group("node")
+    if key.startswith("system/"):
+        match = fmt.SYSTEM_FILE_RE.match(base)
+        if match:
+            return SYSTEM, match.group("node")
+    return None
+
+
+_PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file}
+
+
+def _parse_one(store: Store, key: str, kind: str, node: str) -> ParsedFile:
+    try:
+        data = store.read(key)
+    except OSError as exc:
+        return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}")
+    try:
+        data = decompress(key, data)
+    except (OSError, EOFError) as exc:
+        return ParsedFile(None, error=f"not a valid gzip file ({exc})")
+    if not data.strip():
+        return ParsedFile(None, error="empty file")
+    return _PARSERS[kind](data, node)
+
+
+def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
+               s3_buckets: Sequence[str] | None = None, max_bytes: int | None = None,
+               threads: int = 16, on_progress: Progress | None = None,
+               store: Store | None = None, files: list[FileInfo] | None = None) -> Trial:
+    """Read a trial from a local folder or `s3://bucket/prefix`.
+
+    Raises a TrialError subclass naming the path when the trial cannot be read; bad
+    files and lines are skipped and listed in `trial.report`.
+    """
+    store = store or open_store(path, roots=roots, s3_client=s3_client, s3_buckets=s3_buckets)
+    files = store.list() if files is None else files
+    jobs, report = [], LoadReport()
+    for info in sorted(files, key=lambda f: f.key):
+        found = classify_key(info.key)
+        if found is None:
+            report.files_skipped.append(SkippedFile(info.key, "not a trial file (unknown name or suffix)"))
+        else:
+            jobs.append((info, *found))
+    if not jobs:
+        raise NotATrialError(f"{path}: not a trial: no framework/pevents or system/incremental "
+                             f"profiler files found ({len(files)} other file(s))")
+    total_bytes = sum(info.size for info, _, _ in jobs)
+    if max_bytes is not None and total_bytes > max_bytes:
+        raise TrialTooLargeError(f"{path}: trial is {total_bytes / 1e6:.1f} MB, over the limit of "
+                                 f"{max_bytes / 1e6:.1f} MB")
+
+    tables: dict[str, list] = {FRAMEWORK: [], SYSTEM: []}
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(jobs)))) as pool:
+        futures = [pool.submit(_parse_one, store, info.key, kind, node) for info, kind, node in jobs]
+        try:
+            for done, ((info, kind, _), future) in enumerate(zip(jobs, futures), 1):
+                parsed = future.result()  # a TrialError (S3 gone, access denied) fails the load
+                if parsed.error:
+                    report.files_skipped.append(SkippedFile(info.key, parsed.error))
+                else:
+                    report.files_read += 1
+                    if parsed.table is not None:
+                        tables[kind].append(parsed.table)
+                if parsed.lines_skipped:
+                    report.lines_skipped += parsed.lines_skipped
+                    report.files_with_skipped_lines.append(
+                        SkippedFile(info.key, "; ".join(parsed.problems) or "bad lines"))
+                if on_progress is not None:
+                    on_progress(done, len(jobs))
+        except TrialError:
+            for future in futures:
+                future.cancel()
+            raise
+    return Trial(path=path, framework=frames.framework_frame(tables[FRAMEWORK]),
+                 system=frames.system_frame(tables[SYSTEM]), report=report,
+                 fingerprint=fingerprint(files))

@@ -1,0 +1,336 @@
+"""Reference-format (SageMaker Debugger) files -> Arrow tables of canonical rows.
+
+Framework files are Chrome-trace JSON arrays written one event per line, which makes
+them nearly JSON lines: the fast path hands them to Arrow's multithreaded JSON reader
+with a fixed schema. Anything the fast path refuses (a corrupt or truncated line, a
+value of an unexpected type, a one-line file) goes through a line-by-line path that
+keeps every valid event and counts what it drops. Both paths end in the same raw table
+and the same conversion, so they cannot disagree.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from .. import format as fmt
+from .frames import FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA
+
+_ARG_FIELDS = [
+    pa.field(fmt.ARG_PID, pa.int64()),
+    pa.field(fmt.ARG_WORKER_ID, pa.int64()),
+    pa.field(fmt.ARG_NUM_WORKERS, pa.int64()),
+    pa.field(fmt.ARG_PIN_MEMORY, pa.bool_()),
+    pa.field(fmt.ARG_STEP, pa.string()),
+    pa.field("name", pa.string()),
+    pa.field(fmt.ARG_START_TIME, pa.int64()),
+    pa.field(fmt.ARG_ITERATOR_ID, pa.int64()),
+]
+RAW_TRACE_SCHEMA = pa.schema([
+    pa.field("name", pa.string()),
+    pa.field("ph", pa.string()),
+    pa.field("pid", pa.int64()),
+    pa.field("ts", pa.float64()),
+    pa.field("dur", pa.float64()),
+    pa.field("args", pa.struct(_ARG_FIELDS)),
+])
+_TRACE_PARSE = pj.ParseOptions(explicit_schema=RAW_TRACE_SCHEMA, unexpected_field_behavior="ignore")
+_SYSTEM_PARSE = pj.ParseOptions(explicit_schema=pa.schema([
+    pa.field("Type", pa.string()), pa.field("Name", pa.string()), pa.field("Dimension", pa.string()),
+    pa.field("Value", pa.float64()), pa.field("NodeId", pa.string()), pa.field("Timestamp", pa.float64()),
+]), unexpected_field_behavior="ignore")
+# Events of a file must fit one block; 16 MB covers the reference's 10 MB rotation.
+_READ = pj.ReadOptions(use_threads=False, block_size=16 << 20)
+
+
+@dataclass
+class ParsedFile:
+    table: pa.Table | None  # canonical rows (FRAMEWORK_ARROW_SCHEMA or SYSTEM_ARROW_SCHEMA)
+    lines_skipped: int = 0
+    problems: list[str] = field(default_factory=list)  # why lines were skipped
+    error: str | None = None  # why the whole file was skipped
+
+
+def decompress(key: str, data: bytes) -> bytes:
+    if key.endswith(".gz"):
+        return gzip.decompress(data)
+    return data
+
+
+# --- line-by-line path --------------------------------------------------------------
+
+def _json_objects(data: bytes) -> tuple[list[dict], int]:
+    """Every JSON object of a trace array or JSON-lines file, and the count of bad lines."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, list):
+        good = [e for e in doc if isinstance(e, dict)]
+        return good, len(doc) - len(good)
+    if isinstance(doc, dict):
+        return [doc], 0
+    good, bad = [], 0
+    for line in data.split(b"\n"):
+        line = line.strip().rstrip(b",").strip()
+        if line in (b"", b"[", b"]"):
+            continue
+        if line.startswith(b"["):
+            line = line[1:]
+        if line.endswith(b"]"):
+            line = line[:-1].rstrip(b",")
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(obj, dict):
+            good.append(obj)
+        else:
+            bad += 1
+    return good, bad
+
+
+def _as_int(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if -2**63 <= value < 2**63 else None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _as_number(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    return None
+
+
+def _as_bool(value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return None
+
+
+def _raw_trace_row(event: dict) -> dict:
+    args = event.get("args")
+    args = args if isinstance(args, dict) else {}
+    name = event.get("name")
+    arg_name = args.get("name")
+    step = args.get(fmt.ARG_STEP)
+    return {
+        "name": name if isinstance(name, str) else None,
+        "ph": event.get("ph") if isinstance(event.get("ph"), str) else None,
+        "pid": _as_int(event.get("pid")),
+        "ts": _as_number(event.get("ts")),
+        "dur": _as_number(event.get("dur")),
+        "args": {
+            fmt.ARG_PID: _as_int(args.get(fmt.ARG_PID)),
+            fmt.ARG_WORKER_ID: _as_int(args.get(fmt.ARG_WORKER_ID)),
+            fmt.ARG_NUM_WORKERS: _as_int(args.get(fmt.ARG_NUM_WORKERS)),
+            fmt.ARG_PIN_MEMORY: _as_bool(args.get(fmt.ARG_PIN_MEMORY)),
+            fmt.ARG_STEP: None if step is None or isinstance(step, (dict, list)) else str(step),
+            "name": arg_name if isinstance(arg_name, str) else None,
+            fmt.ARG_START_TIME: _as_int(args.get(fmt.ARG_START_TIME)),
+            fmt.ARG_ITERATOR_ID: _as_int(args.get(fmt.ARG_ITERATOR_ID)),
+        },
+    }
+
+
+def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
+    """The raw table of a trace file: fast path first, line by line when it refuses."""
+    body = data.strip()
+    if body.startswith(b"["):
+        body = body[1:]
+    if body.endswith(b"]"):
+        body = body[:-1]
+    body = body.replace(b"},\n", b"}\n").strip().rstrip(b",")
+    if not body:
+        return RAW_TRACE_SCHEMA.empty_table(), 0, None
+    try:
+        return pj.read_json(io.BytesIO(body), read_options=_READ, parse_options=_TRACE_PARSE), 0, None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    objects, bad = _json_objects(data)
+    problem = f"{bad} line(s) are not JSON objects" if bad else None
+    return pa.Table.from_pylist([_raw_trace_row(e) for e in objects], schema=RAW_TRACE_SCHEMA), bad, problem
+
+
+# --- raw table -> canonical rows ------------------------------------------------------
+
+def _pair_begin_end(raw: pa.Table) -> pa.Table:
+    """Turns B/E pairs into X rows (matched per trace pid and name, innermost first)."""
+    rows = raw.to_pylist()
+    open_by_key: dict = {}
+    out = []
+    for row in rows:
+        ph = row["ph"]
+        if ph == "B":
+            open_by_key.setdefault((row["pid"], row["name"]), []).append(row)
+        elif ph == "E":
+            stack = open_by_key.get((row["pid"], row["name"]))
+            if stack and row["ts"] is not None and stack[-1]["ts"] is not None:
+                begin = stack.pop()
+                begin = dict(begin, ph="X", dur=row["ts"] - begin["ts"])
+                out.append(begin)
+        else:
+            out.append(row)
+    return pa.Table.from_pylist(out, schema=RAW_TRACE_SCHEMA)
+
+
+def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str], str | None]:
+    """Canonical framework rows of one file's raw table.
+
+    Returns (table, lines_skipped, problems, error): error set when the file as a whole
+    cannot be placed in time.
+    """
+    problems: list[str] = []
+    if raw.num_rows == 0:
+        return None, 0, problems, None
+    if pc.any(pc.is_in(raw.column("ph"), pa.array(["B", "E"]))).as_py():
+        raw = _pair_begin_end(raw)
+    # Plain arrays (not chunked) so that filters keep struct fields addressable.
+    ph, args, pids, names, ts, dur = (raw.column(c).combine_chunks()
+                                      for c in ("ph", "args", "pid", "name", "ts", "dur"))
+    is_meta = pc.equal(ph, "M").fill_null(False)
+
+    # Where the file's relative times start (first metadata event carrying it).
+    start_times = pc.drop_null(pc.filter(args.field(fmt.ARG_START_TIME), is_meta))
+    base_us = start_times[0].as_py() if len(start_times) else None
+
+    # Phase of each trace pid, from "process_name" metadata in file order.
+    defines = pc.and_(pc.and_(is_meta, pc.equal(names, "process_name").fill_null(False)),
+                      pc.is_valid(args.field("name")))
+    def_rows = np.nonzero(defines.to_numpy(zero_copy_only=False))[0]
+    pid_np = pids.to_numpy(zero_copy_only=False)
+    phase_of_row = np.full(raw.num_rows, None, dtype=object)
+    arg_names = args.field("name")
+    by_pid: dict = {}
+    for row in def_rows:
+        by_pid.setdefault(pid_np[row], []).append((row, arg_names[int(row)].as_py()))
+    for trace_pid, defs in by_pid.items():
+        rows_of_pid = np.nonzero(pid_np == trace_pid)[0]
+        if len(defs) == 1:
+            phase_of_row[rows_of_pid] = defs[0][1]
+        else:  # a pid re-defined mid-file: each event takes the latest definition
+            at = np.array([r for r, _ in defs])
+            which = np.maximum(np.searchsorted(at, rows_of_pid, side="right") - 1, 0)
+            phase_of_row[rows_of_pid] = np.array([p for _, p in defs], dtype=object)[which]
+
+    keep = pc.equal(ph, "X").fill_null(False)
+    n_events = pc.sum(keep).as_py() or 0
+    finite = pc.and_(pc.is_finite(ts).fill_null(False), pc.is_finite(dur).fill_null(False))
+    valid = pc.and_(pc.and_(keep, finite), pc.greater_equal(dur, 0).fill_null(False))
+    valid = pc.and_(valid, pc.is_valid(names))
+    bad = n_events - (pc.sum(valid).as_py() or 0)
+    if bad:
+        problems.append(f"{bad} event(s) with a missing, negative or non-finite time or duration")
+    if not pc.any(valid).as_py():
+        return None, bad, problems, None
+
+    ts_valid = pc.filter(ts, valid)
+    if base_us is None:
+        # Without the start-time metadata, only already-absolute times can be placed.
+        if pc.min(ts_valid).as_py() < 1e14:
+            return None, 0, problems, f"no {fmt.ARG_START_TIME} metadata: event times cannot be placed"
+        base_us = 0
+    start = pc.cast(pc.round(pc.add(ts_valid, float(base_us))), pa.int64())
+    end = pc.add(start, pc.cast(pc.round(pc.filter(dur, valid)), pa.int64()))
+    fargs = pc.filter(args, valid)
+    steps = fargs.field(fmt.ARG_STEP)
+    try:
+        step = pc.cast(steps, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        step = pa.array([_as_int(s) for s in steps.to_pylist()], pa.int64())
+    n = len(start)
+    table = pa.table({
+        "node": pa.array([node] * n, pa.string()),
+        "pid": fargs.field(fmt.ARG_PID),
+        "phase": pa.array(phase_of_row[valid.to_numpy(zero_copy_only=False)], pa.string()),
+        "name": pc.filter(names, valid),
+        "start_us": start,
+        "end_us": end,
+        "worker_id": fargs.field(fmt.ARG_WORKER_ID),
+        "num_workers": fargs.field(fmt.ARG_NUM_WORKERS),
+        "pin_memory": fargs.field(fmt.ARG_PIN_MEMORY),
+        "step": step,
+        "iterator_id": fargs.field(fmt.ARG_ITERATOR_ID),
+    }, schema=FRAMEWORK_ARROW_SCHEMA)
+    return table, bad, problems, None
+
+
+def parse_trace_file(data: bytes, node: str) -> ParsedFile:
+    raw, bad_lines, problem = _raw_trace_table(data)
+    table, bad_events, problems, error = trace_rows(raw, node)
+    if problem:
+        problems.insert(0, problem)
+    return ParsedFile(table, bad_lines + bad_events, problems, error)
+
+
+# --- system metrics -----------------------------------------------------------------
+
+def _raw_system_row(obj: dict):
+    value, ts = _as_number(obj.get("Value")), _as_number(obj.get("Timestamp"))
+    fields = [obj.get(k) for k in ("Type", "Name", "Dimension", "NodeId")]
+    if value is None or ts is None or not all(isinstance(f, str) for f in fields[:2]):
+        return None
+    return {"Type": fields[0], "Name": fields[1],
+            "Dimension": fields[2] if isinstance(fields[2], str) else "",
+            "Value": value, "NodeId": fields[3] if isinstance(fields[3], str) else None,
+            "Timestamp": ts}
+
+
+def parse_system_file(data: bytes, node: str) -> ParsedFile:
+    body = data.strip()
+    if not body:
+        return ParsedFile(None)
+    raw = None
+    bad = 0
+    problems = []
+    try:
+        raw = pj.read_json(io.BytesIO(body + b"\n"), read_options=_READ, parse_options=_SYSTEM_PARSE)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        objects, bad = _json_objects(data)
+        rows = [_raw_system_row(o) for o in objects]
+        good = [r for r in rows if r is not None]
+        bad += len(rows) - len(good)
+        if bad:
+            problems.append(f"{bad} line(s) are not valid metric records")
+        raw = pa.Table.from_pylist(good, schema=_SYSTEM_PARSE.explicit_schema)
+    if raw.num_rows == 0:
+        return ParsedFile(None, bad, problems)
+    value, ts = raw.column("Value"), raw.column("Timestamp")
+    valid = pc.and_(pc.is_finite(value).fill_null(False), pc.is_finite(ts).fill_null(False))
+    valid = pc.and_(valid, pc.and_(pc.is_valid(raw.column("Type")), pc.is_valid(raw.column("Name"))))
+    dropped = raw.num_rows - (pc.sum(valid).as_py() or 0)
+    if dropped:
+        bad += dropped
+        problems.append(f"{dropped} record(s) with a missing or non-finite value or timestamp")
+    raw = raw.filter(valid)
+    if raw.num_rows == 0:
+        return ParsedFile(None, bad, problems)
+    table = pa.table({
+        "node": pc.fill_null(raw.column("NodeId"), node),
+        "timestamp_us": pc.cast(pc.round(pc.multiply(raw.column("Timestamp"), 1e6)), pa.int64()),
+        "type": raw.column("Type"),
+        "name": raw.column("Name"),
+        "dimension": pc.fill_null(raw.column("Dimension"), ""),
+        "value": raw.column("Value"),
+    }, schema=SYSTEM_ARROW_SCHEMA)
+    return ParsedFile(table, bad, problems)

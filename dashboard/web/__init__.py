@@ -1,0 +1,1 @@
+"""The Dash app: layout, figures, thin callbacks."""
