@@ -1,0 +1,67 @@
+"""Shared fixtures: a real S3 API server on loopback (moto in server mode)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def pytest_setup_options():
+    """dash[testing]: headless Chromium through Debian's chromium-driver."""
+    from selenium.webdriver.chrome.options import Options
+
+    options = Options()
+    options.add_argument("--headless=new")
+    options.add_argument("--no-sandbox")
+    options.add_argument("--disable-dev-shm-usage")
+    options.add_argument("--window-size=1400,1000")
+    if os.path.exists("/usr/bin/chromium"):
+        options.binary_location = "/usr/bin/chromium"
+    return options
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """URL of a real S3 API server on 127.0.0.1; boto3 reaches it through AWS_ENDPOINT_URL_S3."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+                                            "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update({"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    yield endpoint
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def s3_client(s3_endpoint):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_endpoint)
+
+
+def upload_folder(client, folder: str, bucket: str, prefix: str) -> None:
+    """Copy a local trial folder to s3://bucket/prefix (creating the bucket)."""
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            full = os.path.join(dirpath, name)
+            key = prefix.rstrip("/") + "/" + os.path.relpath(full, folder).replace(os.sep, "/")
+            client.upload_file(full, bucket, key)
