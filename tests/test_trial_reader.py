@@ -1,0 +1,194 @@
+"""Reading trials: layouts, nodes, bad input. Expected values come from the generator's own
+event list, never from the code under test."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import statistics
+
+import pytest
+
+import dashboard
+from dashboard import format as fmt
+from dashboard.synthetic import write_trial
+from dashboard.trial.errors import NotATrialError, TrialAccessError, TrialNotFoundError
+from dashboard.trial.load import load_trial
+
+
+def framework_files(folder):
+    out = []
+    for dirpath, _, names in os.walk(os.path.join(folder, "framework")):
+        out += [os.path.join(dirpath, n) for n in names]
+    return sorted(out)
+
+
+def test_every_event_is_read_with_absolute_times(tmp_path):
+    synthetic = write_trial(str(tmp_path), hosts=2, epochs=2, rotate_s=0.2)
+    trial = load_trial(str(tmp_path))
+    assert len(synthetic.framework_files) > 2, "rotation must produce several files per node"
+    for kind in ("init", "getnext", "worker", "step"):
+        expected = sorted((e.node, e.start_us, e.end_us) for e in synthetic.of_kind(kind))
+        got = trial.framework[trial.framework["kind"] == kind]
+        assert sorted(zip(got["node"].astype(str), got["start_us"], got["end_us"])) == expected
+    assert trial.framework["start_us"].dtype == "int64"
+    assert str(trial.framework["node"].dtype) == "category"
+    assert trial.nodes == sorted({e.node for e in synthetic.events} | {"algo-1", "algo-2"})
+    assert len(trial.system) == synthetic.system_samples
+    assert trial.report.files_read == len(synthetic.framework_files) + len(synthetic.system_files)
+    assert trial.report.files_skipped == [] and trial.report.lines_skipped == 0
+
+
+def test_dataloader_columns_come_from_args(tmp_path):
+    synthetic = write_trial(str(tmp_path), epochs=1, num_workers=3, pin_memory=True)
+    fw = load_trial(str(tmp_path)).framework
+    workers = fw[fw["kind"] == "worker"].sort_values("worker_id")
+    expected = sorted(synthetic.of_kind("worker"), key=lambda e: e.worker_id)
+    assert workers["worker_id"].tolist() == [e.worker_id for e in expected]
+    assert workers["pid"].tolist() == [e.pid for e in expected]
+    init = fw[fw["name"] == "_MultiProcessingDataLoaderIter.__init__"].iloc[0]
+    assert init["num_workers"] == 3 and bool(init["pin_memory"]) is True
+    getnext = fw[fw["kind"] == "getnext"]
+    assert sorted(getnext["worker_id"].unique().tolist()) == [-1, 0, 1, 2]
+
+
+def test_trial_without_system_folder(tmp_path):
+    synthetic = write_trial(str(tmp_path), system=False)
+    result = dashboard.analyze(str(tmp_path))
+    assert result.getnext.count == len(synthetic.of_kind("getnext"))
+    assert len(result.trial.system) == 0
+    assert result.trial.start_us == min(e.start_us for e in synthetic.events)
+
+
+def test_events_before_the_first_system_file_still_count(tmp_path):
+    # The reference silently dropped every framework event older than the first system file.
+    synthetic = write_trial(str(tmp_path), epochs=2, system_start_delay_s=0.6)
+    first_system_us = synthetic.events[0].start_us + 600_000
+    early = [e for e in synthetic.of_kind("getnext") if e.start_us < first_system_us]
+    assert early, "the generator must put GetNexts before the system metrics start"
+    result = dashboard.analyze(str(tmp_path))
+    assert result.getnext.count == len(synthetic.of_kind("getnext"))
+    assert result.trial.system["timestamp_us"].min() >= first_system_us - 1
+
+
+def test_flat_system_layout_and_gzip(tmp_path):
+    synthetic = write_trial(str(tmp_path))
+    system_root = tmp_path / "system" / "incremental"
+    for path in list(system_root.rglob("*.json")):
+        shutil.move(str(path), str(system_root / path.name))  # the older flat layout
+    for path in framework_files(str(tmp_path)):
+        with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+            dst.write(src.read())
+        os.remove(path)
+    trial = load_trial(str(tmp_path))
+    assert len(trial.system) == synthetic.system_samples
+    assert (trial.framework["kind"] == "getnext").sum() == len(synthetic.of_kind("getnext"))
+
+
+def test_reference_writer_quirks(tmp_path):
+    """A trace pid re-defined mid-file (the reference writer re-uses pid 0) and B/E pairs."""
+    folder = tmp_path / "framework" / "pevents" / "2026112921"
+    folder.mkdir(parents=True)
+    base = 1795986602611683
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {fmt.ARG_START_TIME: base}},
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "DataLoaderIter"}},
+        {"name": "_MultiProcessingDataLoaderIter::GetNext", "pid": 1, "ph": "X", "ts": 100, "dur": 50,
+         "args": {"pid": 7, "step_num": "-1", "worker_id": 0}},
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "DataLoaderIterInitialize"}},
+        {"name": "_SingleProcessDataLoaderIter.__init__", "pid": 0, "ph": "X", "ts": 200, "dur": 10,
+         "args": {"pid": 7, "num_workers": 0, "pin_memory": False}},
+        {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "Step:ModeKeys.TRAIN"}},
+        {"name": "Step:ModeKeys.TRAIN", "pid": 2, "ph": "B", "ts": 300, "args": {"pid": 7}},
+        {"name": "Step:ModeKeys.TRAIN", "pid": 2, "ph": "E", "ts": 380, "args": {"pid": 7}},
+        {"name": "marker", "pid": 2, "ph": "i", "ts": 390},
+    ]
+    (folder / f"{base + 380}_7-algo-1_pythontimeline.json").write_text(
+        "[\n" + "".join(json.dumps(e) + ",\n" for e in events) + "]\n")
+    fw = load_trial(str(tmp_path)).framework
+    assert fw["kind"].astype(str).tolist() == ["getnext", "init", "step"]
+    assert fw["start_us"].tolist() == [base + 100, base + 200, base + 300]
+    assert fw["duration_us"].tolist() == [50, 10, 80]
+    assert fw["phase"].astype(str).tolist() == ["DataLoaderIter", "DataLoaderIterInitialize",
+                                                "Step:ModeKeys.TRAIN"]
+
+
+def test_bad_input_is_skipped_reported_and_the_rest_kept(tmp_path):
+    synthetic = write_trial(str(tmp_path), epochs=3, rotate_s=0.15)
+    files = framework_files(str(tmp_path))
+    assert len(files) >= 5
+    getnexts_in = {}
+    for path in files:
+        with open(path) as handle:
+            getnexts_in[path] = sum("::GetNext" in line for line in handle)
+    lost = 0
+    # 1. a corrupt line in the middle of a file
+    lines = open(files[0]).read().split("\n")
+    victim = next(i for i, line in enumerate(lines) if "::GetNext" in line and 2 < i < len(lines) - 3)
+    lines[victim] = lines[victim][:25] + "#garbage"
+    open(files[0], "w").write("\n".join(lines))
+    lost += 1
+    # 2. a truncated file (writer killed mid-line): the last GetNext line is cut
+    text = open(files[1]).read().rstrip().rstrip("]").rstrip().rstrip(",")
+    last = text.rfind("\n")
+    cut_line = text[last + 1:]
+    open(files[1], "w").write(text[:last + 1] + cut_line[: len(cut_line) // 2])
+    lost += "::GetNext" in cut_line
+    # 3. a NaN duration
+    lines = open(files[2]).read().split("\n")
+    victim = next(i for i, line in enumerate(lines) if "::GetNext" in line)
+    lines[victim] = lines[victim].replace('"dur": ', '"dur": NaN, "x": ', 1)
+    open(files[2], "w").write("\n".join(lines))
+    lost += 1
+    # 4. a .tmp file still being written: complete events count, the partial last line does not
+    tmp_file = tmp_path / "framework" / "20001-algo-1_pythontimeline.json.tmp"
+    base = synthetic.events[-1].end_us + 1_000
+    tmp_file.write_text(
+        '[\n{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": %d}},\n'
+        '{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "DataLoaderIter"}},\n'
+        '{"name": "_MultiProcessingDataLoaderIter::GetNext", "pid": 1, "ph": "X", "ts": 10, "dur": 5, "args": {"pid": 20001, "worker_id": 1}},\n'
+        '{"name": "_MultiProcessingDataLoaderIter::GetNext", "pid": 1, "ph": "X", "ts": 20, "d' % base)
+    # 5. an empty file, 6. an unknown suffix
+    empty = tmp_path / "framework" / "pevents" / "2026112920" / "1795986600000000_20001-algo-1_pythontimeline.json"
+    empty.parent.mkdir(parents=True)
+    empty.write_text("")
+    (tmp_path / "framework" / "pevents" / "notes.txt").write_text("hello")
+
+    trial = load_trial(str(tmp_path))
+    fw = trial.framework
+    expected = len(synthetic.of_kind("getnext")) - lost + 1  # + the complete event of the .tmp file
+    assert (fw["kind"] == "getnext").sum() == expected
+    # the corrupt line, the cut line, the NaN event, the .tmp file's partial last line
+    assert trial.report.lines_skipped == 4
+    skipped = {os.path.basename(s.path): s.reason for s in trial.report.files_skipped}
+    assert skipped == {empty.name: "empty file", "notes.txt": "not a trial file (unknown name or suffix)"}
+    with_bad_lines = {os.path.basename(s.path) for s in trial.report.files_with_skipped_lines}
+    assert with_bad_lines == {os.path.basename(f) for f in files[:3]} | {tmp_file.name}
+
+
+def test_corrupt_system_lines(tmp_path):
+    synthetic = write_trial(str(tmp_path), epochs=1)
+    path = os.path.join(str(tmp_path), synthetic.system_files[0])
+    lines = open(path).read().splitlines()
+    lines[1] = lines[1].replace('"Value": ', '"Value": "abc", "v": ')
+    lines[2] = lines[2][:30]
+    lines.insert(3, '{"Type": "cpu", "Name": "cpu9", "Dimension": "CPUUtilization", "Value": NaN, '
+                    '"NodeId": "algo-1", "Timestamp": 1795986600.5}')
+    open(path, "w").write("\n".join(lines) + "\n")
+    trial = load_trial(str(tmp_path))
+    assert len(trial.system) == synthetic.system_samples - 2
+    assert trial.report.lines_skipped == 3
+
+
+def test_errors_name_the_path(tmp_path):
+    with pytest.raises(TrialNotFoundError, match="nope"):
+        load_trial(str(tmp_path / "nope"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "readme.md").write_text("x")
+    with pytest.raises(NotATrialError, match="other.*not a trial"):
+        load_trial(str(tmp_path / "other"))
+    write_trial(str(tmp_path / "t"))
+    with pytest.raises(TrialAccessError, match="outside the allowed data roots"):
+        load_trial(str(tmp_path / "t"), roots=[str(tmp_path / "other")])
+    assert load_trial(str(tmp_path / "t"), roots=[str(tmp_path)]).framework.shape[0] > 0
