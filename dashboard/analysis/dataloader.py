@@ -63,6 +63,13 @@ def iterator_class(name: str) -> str:
     return re.split(r"::|\.(?=__init__$|worker$|__next__$)", name, maxsplit=1)[0]
 
 
+def iterator_classes(names: pd.Series) -> pd.Series:
+    """iterator_class of each name of a categorical column, computed once per category."""
+    names = names.astype("category")
+    classes = np.array([iterator_class(str(c)) for c in names.cat.categories] + [""], dtype=object)
+    return pd.Series(classes[names.cat.codes.to_numpy()], index=names.index)
+
+
 # --- results ---------------------------------------------------------------------------
 
 @dataclass
@@ -116,7 +123,7 @@ def _of_kind(framework: pd.DataFrame, kind: str) -> pd.DataFrame:
 def analyze_initialization(framework: pd.DataFrame,
                            factor: float = DEFAULT_OUTLIER_FACTOR) -> InitializationResult:
     inits = _of_kind(framework, fmt.KIND_INIT).copy()
-    inits["type"] = inits["name"].astype(str).map(iterator_class)
+    inits["type"] = iterator_classes(inits["name"])
     keys = ["type", "num_workers", "pin_memory"]
     if len(inits):
         iterators = (inits.groupby(keys, dropna=False, observed=True)["duration_us"]
@@ -157,8 +164,8 @@ def iterator_segments(framework: pd.DataFrame) -> pd.Series:
     if calls.empty:
         return pd.Series([], dtype="int64", index=calls.index)
     inits = _of_kind(framework, fmt.KIND_INIT)
-    cls = calls["name"].astype(str).map(iterator_class)
-    init_cls = inits["name"].astype(str).map(iterator_class)
+    cls = iterator_classes(calls["name"])
+    init_cls = iterator_classes(inits["name"])
     frame = pd.DataFrame({
         "node": calls["node"].astype(str), "pid": calls["pid"].fillna(-1).astype("int64"),
         "cls": cls, "start": calls["start_us"], "iterator_id": calls["iterator_id"]}, index=calls.index)

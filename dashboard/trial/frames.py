@@ -23,11 +23,12 @@ import pyarrow as pa
 
 from .. import format as fmt
 
+_DICT = pa.dictionary(pa.int32(), pa.string())
 FRAMEWORK_ARROW_SCHEMA = pa.schema([
-    pa.field("node", pa.string()),
+    pa.field("node", _DICT),
     pa.field("pid", pa.int64()),
-    pa.field("phase", pa.string()),
-    pa.field("name", pa.string()),
+    pa.field("phase", _DICT),
+    pa.field("name", _DICT),
     pa.field("start_us", pa.int64()),
     pa.field("end_us", pa.int64()),
     pa.field("worker_id", pa.int64()),
@@ -60,16 +61,18 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 def _kind_of(phases: pd.Categorical, names: pd.Categorical) -> pd.Categorical:
-    """Event kind per row, decided once per distinct (phase, name) pair."""
-    pairs = pd.DataFrame({"phase": phases, "name": names}).drop_duplicates()
-    kinds = {}
-    for phase, name in zip(pairs["phase"], pairs["name"]):
-        kinds[(phase, name)] = classify(phase if isinstance(phase, str) else "",
-                                        name if isinstance(name, str) else "")
-    keys = pd.MultiIndex.from_arrays([phases, names])
-    mapped = pd.Series(list(kinds.values()), index=pd.MultiIndex.from_tuples(list(kinds.keys())))
-    values = mapped.reindex(keys).to_numpy()
-    return pd.Categorical(values, categories=fmt.KINDS)
+    """Event kind per row, decided once per distinct (phase, name) pair of category codes."""
+    width = len(names.categories) + 1
+    pair = (phases.codes.astype(np.int64) + 1) * width + (names.codes.astype(np.int64) + 1)
+    unique, inverse = np.unique(pair, return_inverse=True)
+    phase_cats, name_cats = list(phases.categories), list(names.categories)
+    kinds = []
+    for key in unique:
+        phase_code, name_code = divmod(int(key), width)
+        kinds.append(fmt.KINDS.index(classify(phase_cats[phase_code - 1] if phase_code else "",
+                                              name_cats[name_code - 1] if name_code else "")))
+    codes = np.asarray(kinds, dtype=np.int8)[inverse.reshape(-1)]
+    return pd.Categorical.from_codes(codes, categories=list(fmt.KINDS))
 
 
 def classify(phase: str, name: str) -> str:

@@ -259,11 +259,12 @@ def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         step = pa.array([_as_int(s) for s in steps.to_pylist()], pa.int64())
     n = len(start)
+    # Strings dictionary-encoded per file: a few distinct values over many rows.
     table = pa.table({
-        "node": pa.array([node] * n, pa.string()),
+        "node": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([node])),
         "pid": fargs.field(fmt.ARG_PID),
-        "phase": pa.array(phase_of_row[valid.to_numpy(zero_copy_only=False)], pa.string()),
-        "name": pc.filter(names, valid),
+        "phase": pa.array(phase_of_row[valid.to_numpy(zero_copy_only=False)], pa.string()).dictionary_encode(),
+        "name": pc.filter(names, valid).dictionary_encode(),
         "start_us": start,
         "end_us": end,
         "worker_id": fargs.field(fmt.ARG_WORKER_ID),

@@ -1,0 +1,128 @@
+"""Benchmark: load + analyze a large reference-format trial.
+
+Generates (once, cached under bench/out/) a synthetic trial with 300,000 GetNext calls
+(about 600k events, ~90 MB of framework JSON in 60 s rotated files) and a node with 8 CPUs
+and 1 GPU of system metrics every 500 ms, then measures in fresh processes:
+  cold: load + all four analyses, first time in a new process
+  warm: the same again in that process (OS and allocator warm)
+  peak RSS of the process.
+Targets on a 2-core machine: cold <= 1.5 s, peak RSS <= 270 MB.
+If `smdebug` is importable, its PandasFrame + PT_dataloader_analysis run on the same trial.
+
+    python bench/load_trial.py [--runs 5] [--batches 300000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def make_trial(batches: int) -> str:
+    from dashboard.synthetic import write_trial
+
+    folder = os.path.join(HERE, "out", f"trial-{batches}")
+    marker = os.path.join(folder, ".complete")
+    if not os.path.exists(marker):
+        epochs = 10
+        write_trial(folder, epochs=epochs, train_batches=batches // epochs, val_batches=0, num_workers=4,
+                    cpus=8, gpus=1, rotate_s=60, seed=1)
+        open(marker, "w").close()
+    return folder
+
+
+def framework_mb(folder: str) -> float:
+    total = 0
+    for dirpath, _, names in os.walk(os.path.join(folder, "framework")):
+        total += sum(os.path.getsize(os.path.join(dirpath, n)) for n in names)
+    return total / 1e6
+
+
+def child(folder: str) -> None:
+    """One measurement in this (fresh) process; prints a JSON line."""
+    import dashboard
+
+    t0 = time.perf_counter()
+    result = dashboard.analyze(folder)
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dashboard.analyze(folder)
+    warm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    middle = (result.trial.start_us + result.trial.end_us) // 2
+    result.window(middle - 5_000_000, middle + 5_000_000)
+    window_s = time.perf_counter() - t0
+    print(json.dumps({"cold_s": cold, "warm_s": warm, "window_s": window_s,
+                      "getnext": result.getnext.count, "events": len(result.trial.framework),
+                      "system": len(result.trial.system),
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def reference_child(folder: str) -> None:
+    from smdebug.profiler.analysis.utils.profiler_data_to_pandas import PandasFrame
+    from smdebug.profiler.analysis.utils.pytorch_dataloader_analysis import PT_dataloader_analysis
+
+    t0 = time.perf_counter()
+    analysis = PT_dataloader_analysis(PandasFrame(folder))
+    analysis.analyze_dataloaderIter_initialization()
+    analysis.analyze_dataloaderWorkers()
+    analysis.analyze_dataloader_getnext()
+    analysis.analyze_batchtime()
+    print(json.dumps({"cold_s": time.perf_counter() - t0,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def spread(values):
+    return f"median {statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f}, n={len(values)})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=300_000)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--reference-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    if args.reference_child:
+        reference_child(args.reference_child)
+        return 0
+    t0 = time.perf_counter()
+    folder = make_trial(args.batches)
+    print(f"trial: {folder} ({framework_mb(folder):.0f} MB framework JSON, ready in {time.perf_counter() - t0:.1f} s)")
+    runs = []
+    for _ in range(args.runs):
+        out = subprocess.run([sys.executable, __file__, "--child", folder], capture_output=True, text=True,
+                             check=True).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    first = runs[0]
+    print(f"events {first['events']:,}, GetNext {first['getnext']:,}, system samples {first['system']:,}")
+    print(f"cold load + 4 analyses  s: {spread([r['cold_s'] for r in runs])}   target <= 1.5")
+    print(f"warm load + 4 analyses  s: {spread([r['warm_s'] for r in runs])}")
+    print(f"window (10 s) query     s: {spread([r['window_s'] for r in runs])}")
+    print(f"peak RSS               MB: {spread([r['peak_rss_mb'] for r in runs])}   target <= 270")
+    try:
+        import smdebug  # noqa: F401
+    except ImportError:
+        print("smdebug not importable: reference not run (it took ~22 s and 819 MB on such a trial)")
+    else:
+        out = subprocess.run([sys.executable, __file__, "--reference-child", folder], capture_output=True,
+                             text=True, check=True).stdout
+        ref = json.loads(out.strip().splitlines()[-1])
+        print(f"reference smdebug: {ref['cold_s']:.2f} s, {ref['peak_rss_mb']:.0f} MB; "
+              f"ratio {ref['cold_s'] / statistics.median(r['cold_s'] for r in runs):.1f}x faster")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
