@@ -72,29 +72,31 @@ def _n_points(fig: go.Figure) -> int:
 
 def _gantt_traces(fig: go.Figure, start_us: np.ndarray, end_us: np.ndarray, rows: np.ndarray,
                   colors: np.ndarray, color_names: list[str], color_values: list[str],
-                  hover: list[str], gap_us: float, row: int | None = None,
-                  line_px: int = 12) -> None:
+                  hover, gap_us: float, row: int | None = None, line_px: int = 12) -> None:
     """Horizontal bars as thick line segments (one trace per colour), merging bars of a row
     that lie within `gap_us` of each other (closer than a pixel).
 
-    colors: per event, an index into color_names/color_values; hover: per event text.
+    colors: per event, an index into color_names/color_values; hover(positions) -> the
+    texts of the events at those positions (only called for bars drawn alone).
     Each bar is drawn as start, middle, end, gap: hovering anywhere on it shows its text.
     """
     for code, (name, value) in enumerate(zip(color_names, color_values)):
-        mask = colors == code
-        if not mask.any():
+        positions = np.flatnonzero(colors == code)
+        if not len(positions):
             continue
-        positions = np.flatnonzero(mask)
-        s, e, g, count, first = decimate.merge_intervals(start_us[mask], end_us[mask], rows[mask], gap_us)
+        s, e, g, count, first = decimate.merge_intervals(start_us[positions], end_us[positions],
+                                                         rows[positions], gap_us)
         n = len(s)
         x = np.empty(n * 4)
         x[0::4], x[1::4], x[2::4], x[3::4] = us_to_ms(s), us_to_ms((s + e) / 2), us_to_ms(e), np.nan
         y = np.empty(n * 4)
         y[0::4] = y[1::4] = y[2::4] = g
         y[3::4] = np.nan
+        single = count == 1
+        alone = iter(hover(positions[first[single]]) if single.any() else [])
         texts = []
-        for c, i, bs, be in zip(count.tolist(), first.tolist(), s.tolist(), e.tolist()):
-            text = hover[positions[i]] if c == 1 else (
+        for c, is_single, bs, be in zip(count.tolist(), single.tolist(), s.tolist(), e.tolist()):
+            text = next(alone) if is_single else (
                 f"{c} {name} events merged at this zoom<br>{(be - bs) / 1000:,.3f} ms span")
             texts += [text, text, text, ""]
         kwargs = {"row": row, "col": 1} if row is not None else {}
@@ -107,23 +109,34 @@ def _phase_rank(phase: str) -> tuple:
     return (PHASE_ORDER.index(phase), phase) if phase in PHASE_ORDER else (len(PHASE_ORDER), phase)
 
 
-def _event_hover(frame: pd.DataFrame) -> list[str]:
-    names = frame["name"].astype(str).tolist()
-    pids = frame["pid"].tolist()
-    workers = frame["worker_id"].tolist()
-    durations = frame["duration_us"].tolist()
-    out = []
-    for name, pid, worker, dur in zip(names, pids, workers, durations):
-        text = f"{name}<br>{dur:,} us<br>pid {pid if pid is not pd.NA else '?'}"
-        if worker is not pd.NA:
-            text += f", worker {worker}"
-        out.append(text)
-    return out
+def _event_hover(frame: pd.DataFrame):
+    """hover(positions) for _gantt_traces: name, duration, pid and worker of events of `frame`."""
+    def hover(positions: np.ndarray) -> list[str]:
+        part = frame.iloc[positions]
+        out = []
+        for name, pid, worker, dur in zip(part["name"].astype(str).tolist(), part["pid"].tolist(),
+                                          part["worker_id"].tolist(), part["duration_us"].tolist()):
+            text = f"{name}<br>{dur:,} us<br>pid {'?' if pid is pd.NA else pid}"
+            if worker is not pd.NA:
+                text += f", worker {worker}"
+            out.append(text)
+        return out
+    return hover
 
 
 def _host(node: str) -> str:
     head, sep, rest = node.partition("-")
     return rest if sep and head.isdigit() else node
+
+
+def _category_codes(values: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """(codes, names) of a column, -1 for missing: cheap for the frames' categoricals."""
+    values = values if values.dtype.name == "category" else values.astype("category")
+    return values.cat.codes.to_numpy(), [str(c) for c in values.cat.categories]
+
+
+def _int_or(values: pd.Series, default: int) -> np.ndarray:
+    return values.astype("Int64").fillna(default).to_numpy(dtype="int64")
 
 
 @dataclass
@@ -140,50 +153,60 @@ def gantt_rows(frame: pd.DataFrame, max_rows: int = MAX_GANTT_ROWS) -> GanttRows
     """
     if frame.empty:
         return GanttRows(np.array([], dtype="int64"), [])
-    hosts = frame["node"].astype(str).map(_host).to_numpy()
-    phases = frame["phase"].astype(str).to_numpy()
-    pids = frame["pid"].astype("float64").to_numpy()
-    workers = frame["worker_id"].astype("float64").to_numpy()
-    multi_host = len(set(hosts)) > 1
-    worker_like = np.isin(phases, [fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH])
+    node_codes, node_names = _category_codes(frame["node"])
+    host_names = sorted({_host(n) for n in node_names})
+    host_of_node = np.array([host_names.index(_host(n)) for n in node_names] + [len(host_names)])
+    hosts = host_of_node[node_codes]  # code -1 picks the appended "unknown host"
+    host_names.append("?")
+    phase_codes, phase_names = _category_codes(frame["phase"])
+    phase_names.append("?")
+    worker_like = np.array([p in (fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH) for p in phase_names])[phase_codes]
+    pids, workers = _int_or(frame["pid"], -1), _int_or(frame["worker_id"], -1)
+    tag_names = ["pid", "worker", ""]
     for level in ("pid", "worker", "phase"):
         if level == "pid":
-            who = np.where(np.isnan(pids), -1, pids)
-            tag = np.full(len(frame), "pid", dtype=object)
+            who, tag = pids, np.zeros(len(frame), dtype="int64")
         elif level == "worker":
-            who = np.where(worker_like, np.where(np.isnan(workers), -1, workers),
-                           np.where(np.isnan(pids), -1, pids))
-            tag = np.where(worker_like, "worker", "pid")
+            who, tag = np.where(worker_like, workers, pids), worker_like.astype("int64")
         else:
-            who = np.full(len(frame), -2.0)
-            tag = np.full(len(frame), "", dtype=object)
-        keys = pd.DataFrame({"host": hosts, "phase": phases, "tag": tag, "who": who})
-        codes, uniques = pd.MultiIndex.from_frame(keys).factorize()
+            who, tag = np.full(len(frame), -1, dtype="int64"), np.full(len(frame), 2, dtype="int64")
+        phase_index = np.where(phase_codes < 0, len(phase_names) - 1, phase_codes)
+        key = ((hosts * len(phase_names) + phase_index) * 3 + tag) * 2**32 + (who + 1)
+        codes, uniques = pd.factorize(key)
         if len(uniques) <= max_rows or level == "phase":
             break
-    combos = list(uniques)
+    combos = []
+    for value in np.asarray(uniques).tolist():
+        who = value % 2**32 - 1
+        rest = value // 2**32
+        tag, rest = rest % 3, rest // 3
+        combos.append((host_names[rest // len(phase_names)], phase_names[rest % len(phase_names)],
+                       tag_names[tag], who))
     order = sorted(range(len(combos)), key=lambda i: (combos[i][0], _phase_rank(combos[i][1]),
                                                       combos[i][2], combos[i][3]))
     rank = np.empty(len(order), dtype="int64")
     rank[order] = np.arange(len(order))
+    multi_host = len({c[0] for c in combos}) > 1
     labels = []
     for i in order:
         host, phase, tag, who = combos[i]
-        label = phase if tag == "" else f"{phase} · {tag} {int(who) if who >= 0 else '?'}"
+        label = phase if tag == "" else f"{phase} · {tag} {who if who >= 0 else '?'}"
         labels.append(f"{host} · {label}" if multi_host else label)
     return GanttRows(rank[codes], labels)
 
 
 def _add_framework_gantt(fig: go.Figure, frame: pd.DataFrame, rows: GanttRows, span_us: float,
                          budget: int, row: int | None = None) -> None:
-    phases = frame["phase"].astype(str).to_numpy()
-    names = sorted(set(phases.tolist()), key=_phase_rank)
-    colors = {p: PHASE_COLORS.get(p, PALETTE[(i + 7) % len(PALETTE)]) for i, p in enumerate(names)}
-    code = pd.Categorical(phases, categories=names).codes
+    phase_codes, phase_names = _category_codes(frame["phase"])
+    present = sorted({phase_names[c] if c >= 0 else "?" for c in np.unique(phase_codes).tolist()},
+                     key=_phase_rank)
+    colors = {p: PHASE_COLORS.get(p, PALETTE[(i + 7) % len(PALETTE)]) for i, p in enumerate(present)}
+    color_of_code = np.array([present.index(p) if p in present else -1 for p in phase_names]
+                             + [present.index("?") if "?" in present else -1])
     n_rows = max(1, len(rows.labels))
     bars_per_row = int(np.clip(budget / 4 / n_rows, 100, decimate.DEFAULT_BUCKETS))
     _gantt_traces(fig, frame["start_us"].to_numpy(), frame["end_us"].to_numpy(), rows.row,
-                  np.asarray(code), names, [colors[n] for n in names], _event_hover(frame),
+                  color_of_code[phase_codes], present, [colors[p] for p in present], _event_hover(frame),
                   gap_us=max(span_us, 1) / bars_per_row, row=row)
 
 
