@@ -222,9 +222,10 @@ def _matches_any(values: pd.Series, patterns: Sequence[str]) -> pd.Series:
     patterns = list(patterns or [".*"])
     combined = "|".join(f"(?:{p})" for p in patterns)
     if values.dtype.name == "category":
+        # Match each category once, then look rows up by code (-1, missing, picks False).
         cats = values.cat.categories.astype(str)
-        hit = pd.Series(cats.str.contains(combined, regex=True), index=cats)
-        return values.astype(str).map(hit).fillna(False).astype(bool)
+        hit = np.append(np.asarray(cats.str.contains(combined, regex=True), dtype=bool), False)
+        return pd.Series(hit[values.cat.codes.to_numpy()], index=values.index)
     return values.astype(str).str.contains(combined, regex=True)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import format as fmt
 
@@ -91,18 +92,20 @@ def classify(phase: str, name: str) -> str:
 
 
 def framework_frame(tables: list[pa.Table]) -> pd.DataFrame:
-    """One framework frame from per-file Arrow tables, sorted by start time."""
+    """One framework frame from per-file Arrow tables, sorted by start time.
+
+    Sorting and the duration column are done in Arrow, so pandas makes one copy only.
+    """
     table = pa.concat_tables(tables) if tables else FRAMEWORK_ARROW_SCHEMA.empty_table()
+    table = table.unify_dictionaries().sort_by("start_us")
+    table = table.append_column("duration_us", pc.subtract(table.column("end_us"), table.column("start_us")))
     df = _to_pandas(table)
     for col in _CATEGORIES:
         df[col] = df[col].astype("category")
-    df["start_us"] = df["start_us"].astype("int64")
-    df["end_us"] = df["end_us"].astype("int64")
-    df["duration_us"] = df["end_us"] - df["start_us"]
-    df["kind"] = _kind_of(df["phase"].array, df["name"].array) if len(df) else pd.Categorical([], categories=fmt.KINDS)
-    df = df[FRAMEWORK_COLUMNS]
-    order = np.argsort(df["start_us"].to_numpy(), kind="stable")
-    return df.iloc[order].reset_index(drop=True)
+    for col in ("start_us", "end_us", "duration_us"):
+        df[col] = df[col].astype("int64")
+    df["kind"] = _kind_of(df["phase"].array, df["name"].array)
+    return df[FRAMEWORK_COLUMNS]
 
 
 def system_frame(tables: list[pa.Table]) -> pd.DataFrame:

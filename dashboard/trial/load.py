@@ -1,7 +1,9 @@
 """Loading a trial: list its files, read and parse them concurrently, build the frames."""
 from __future__ import annotations
 
+import os
 import posixpath
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -12,7 +14,7 @@ from .. import format as fmt
 from . import frames
 from .errors import NotATrialError, TrialError, TrialTooLargeError
 from .smdebug_format import ParsedFile, decompress, parse_system_file, parse_trace_file
-from .store import FileInfo, Store, fingerprint, open_store
+from .store import READ_THREADS, FileInfo, S3Store, Store, fingerprint, open_store
 
 FRAMEWORK, SYSTEM = "framework", "system"
 Progress = Callable[[int, int], None]
@@ -100,6 +102,7 @@ def classify_key(key: str) -> tuple[str, str] | None:
     return None
 
 
+_PARSE_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 2)
 _PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file}
 
 
@@ -114,12 +117,15 @@ def _parse_one(store: Store, key: str, kind: str, node: str) -> ParsedFile:
         return ParsedFile(None, error=f"not a valid gzip file ({exc})")
     if not data.strip():
         return ParsedFile(None, error="empty file")
-    return _PARSERS[kind](data, node)
+    # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
+    # parses than cores at once only multiplies the memory held by half-parsed files.
+    with _PARSE_SLOTS:
+        return _PARSERS[kind](data, node)
 
 
 def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
                s3_buckets: Sequence[str] | None = None, max_bytes: int | None = None,
-               threads: int = 16, on_progress: Progress | None = None,
+               threads: int | None = None, on_progress: Progress | None = None,
                store: Store | None = None, files: list[FileInfo] | None = None) -> Trial:
     """Read a trial from a local folder or `s3://bucket/prefix`.
 
@@ -128,6 +134,10 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     """
     store = store or open_store(path, roots=roots, s3_client=s3_client, s3_buckets=s3_buckets)
     files = store.list() if files is None else files
+    if threads is None:
+        # Local reads are quick, so more threads than cores only hold more files in memory;
+        # S3 reads wait on the network, so they overlap many.
+        threads = READ_THREADS if isinstance(store, S3Store) else (os.cpu_count() or 2)
     jobs, report = [], LoadReport()
     for info in sorted(files, key=lambda f: f.key):
         found = classify_key(info.key)
