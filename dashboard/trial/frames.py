@@ -49,7 +49,6 @@ SYSTEM_ARROW_SCHEMA = pa.schema([
 FRAMEWORK_COLUMNS = ["node", "pid", "phase", "name", "kind", "start_us", "end_us", "duration_us",
                      "worker_id", "num_workers", "pin_memory", "step", "iterator_id"]
 SYSTEM_COLUMNS = [f.name for f in SYSTEM_ARROW_SCHEMA]
-_CATEGORIES = ("node", "phase", "name")
 
 
 def _to_pandas(table: pa.Table) -> pd.DataFrame:
@@ -58,63 +57,74 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
             index = table.schema.get_field_index(name)
             table = table.set_column(index, name, table.column(name).dictionary_encode())
     return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(),
-                                         pa.bool_(): pd.BooleanDtype()}.get)
+                                         pa.bool_(): pd.BooleanDtype()}.get, split_blocks=True,
+                           self_destruct=True)
 
 
 def _kind_of(phases: pd.Categorical, names: pd.Categorical) -> pd.Categorical:
-    """Event kind per row, decided once per distinct (phase, name) pair of category codes."""
-    width = len(names.categories) + 1
-    pair = (phases.codes.astype(np.int64) + 1) * width + (names.codes.astype(np.int64) + 1)
-    unique, inverse = np.unique(pair, return_inverse=True)
-    phase_cats, name_cats = list(phases.categories), list(names.categories)
-    kinds = []
-    for key in unique:
-        phase_code, name_code = divmod(int(key), width)
-        kinds.append(fmt.KINDS.index(classify(phase_cats[phase_code - 1] if phase_code else "",
-                                              name_cats[name_code - 1] if name_code else "")))
-    codes = np.asarray(kinds, dtype=np.int8)[inverse.reshape(-1)]
+    """Event kind per row: from the phase where it decides, else from the name; each
+    classification runs once per category, not per row."""
+    by_phase = np.array([fmt.KINDS.index(k) if k else -1
+                         for k in map(kind_of_phase, phases.categories)] + [-1], dtype=np.int8)
+    by_name = np.array([fmt.KINDS.index(kind_of_name(n)) for n in names.categories]
+                       + [fmt.KINDS.index(fmt.KIND_OTHER)], dtype=np.int8)
+    codes = by_phase[phases.codes]
+    undecided = codes < 0
+    codes[undecided] = by_name[names.codes[undecided]]
     return pd.Categorical.from_codes(codes, categories=list(fmt.KINDS))
 
 
-def classify(phase: str, name: str) -> str:
-    """The kind of an event, from its phase or, for producers without phases, its name."""
-    if phase == fmt.PHASE_ITER or fmt.GETNEXT_NAME_RE.search(name):
+def kind_of_phase(phase: str) -> str | None:
+    """The kind a phase implies, or None when the phase does not say."""
+    return {fmt.PHASE_ITER: fmt.KIND_GETNEXT, fmt.PHASE_INIT: fmt.KIND_INIT,
+            fmt.PHASE_WORKER: fmt.KIND_WORKER, fmt.PHASE_WORKER_FETCH: fmt.KIND_FETCH}.get(
+        phase, fmt.KIND_STEP if phase.startswith("Step:") else None)
+
+
+def kind_of_name(name: str) -> str:
+    """The kind of an event from its name alone, for producers without phases."""
+    if fmt.GETNEXT_NAME_RE.search(name):
         return fmt.KIND_GETNEXT
-    if phase == fmt.PHASE_INIT or fmt.INIT_NAME_RE.search(name):
+    if fmt.INIT_NAME_RE.search(name):
         return fmt.KIND_INIT
-    if phase == fmt.PHASE_WORKER or fmt.WORKER_NAME_RE.search(name):
+    if fmt.WORKER_NAME_RE.search(name):
         return fmt.KIND_WORKER
-    if phase == fmt.PHASE_WORKER_FETCH:
-        return fmt.KIND_FETCH
-    if phase.startswith("Step:") or name.startswith("Step:") or name.startswith("ProfilerStep#"):
+    if name.startswith("Step:") or name.startswith("ProfilerStep#"):
         return fmt.KIND_STEP
     return fmt.KIND_OTHER
+
+
+def classify(phase: str, name: str) -> str:
+    """The kind of an event: its phase decides, else its name."""
+    return kind_of_phase(phase) or kind_of_name(name)
 
 
 def framework_frame(tables: list[pa.Table]) -> pd.DataFrame:
     """One framework frame from per-file Arrow tables, sorted by start time.
 
-    Sorting and the duration column are done in Arrow, so pandas makes one copy only.
+    Memory matters on large trials: the list is emptied as the tables are converted, and the
+    sort reorders one pandas column at a time instead of copying the whole table.
     """
     table = pa.concat_tables(tables) if tables else FRAMEWORK_ARROW_SCHEMA.empty_table()
-    table = table.unify_dictionaries().sort_by("start_us")
-    table = table.append_column("duration_us", pc.subtract(table.column("end_us"), table.column("start_us")))
-    df = _to_pandas(table)
-    for col in _CATEGORIES:
-        df[col] = df[col].astype("category")
-    for col in ("start_us", "end_us", "duration_us"):
-        df[col] = df[col].astype("int64")
-    df["kind"] = _kind_of(df["phase"].array, df["name"].array)
-    return df[FRAMEWORK_COLUMNS]
+    tables.clear()
+    columns = dict(_to_pandas(table.unify_dictionaries()).items())
+    del table
+    start = columns["start_us"].to_numpy(dtype=np.int64)
+    order = np.argsort(start, kind="stable") if len(start) and bool(np.any(np.diff(start) < 0)) else None
+    for name in list(columns):
+        column = columns[name]
+        if name in ("start_us", "end_us"):
+            column = column.to_numpy(dtype=np.int64)  # never null
+        columns[name] = column if order is None else column.take(order)
+    columns["duration_us"] = columns["end_us"] - columns["start_us"]
+    columns["kind"] = _kind_of(pd.Categorical(columns["phase"]), pd.Categorical(columns["name"]))
+    return pd.DataFrame({name: columns[name] for name in FRAMEWORK_COLUMNS}, copy=False)
 
 
 def system_frame(tables: list[pa.Table]) -> pd.DataFrame:
     table = pa.concat_tables(tables) if tables else SYSTEM_ARROW_SCHEMA.empty_table()
     df = _to_pandas(table)
-    for col in ("node", "type", "name", "dimension"):
-        df[col] = df[col].astype("category")
-    df["timestamp_us"] = df["timestamp_us"].astype("int64")
-    df["value"] = df["value"].astype("float64")
+    df["timestamp_us"] = df["timestamp_us"].astype("int64")  # no nulls: plain int64
     order = np.argsort(df["timestamp_us"].to_numpy(), kind="stable")
     return df.iloc[order].reset_index(drop=True)[SYSTEM_COLUMNS]
 

@@ -13,10 +13,13 @@ import pandas as pd
 from .. import format as fmt
 from . import frames
 from .errors import NotATrialError, TrialError, TrialTooLargeError
+from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
+from .kineto_format import is_kineto_key, parse_kineto_file
 from .smdebug_format import ParsedFile, decompress, parse_system_file, parse_trace_file
 from .store import READ_THREADS, FileInfo, S3Store, Store, fingerprint, open_store
 
 FRAMEWORK, SYSTEM = "framework", "system"
+KINETO = "kineto"  # a torch.profiler trace: framework rows, node read from the file
 Progress = Callable[[int, int], None]
 
 
@@ -49,6 +52,14 @@ class Trial:
     report: LoadReport
     fingerprint: str = ""
     format: str = "smdebug"  # smdebug | kineto | mixed
+    # Framework nodes read from Kineto traces, which lack KINETO_NOT_RECORDED.
+    kineto_nodes: tuple[str, ...] = ()
+
+    @property
+    def not_recorded(self) -> tuple[str, ...]:
+        """What the profiler did not record on some node ("initialization", "workers",
+        "worker_id" for Kineto traces): to be shown as unknown, never as zero."""
+        return KINETO_NOT_RECORDED if self.kineto_nodes else ()
 
     @property
     def nodes(self) -> list[str]:
@@ -79,7 +90,8 @@ class Trial:
         sys_mask = (sys_nodes == node) | (sys_nodes == host_of(node))
         return Trial(self.path, self.framework[fw_mask].reset_index(drop=True),
                      self.system[sys_mask].reset_index(drop=True), self.report,
-                     self.fingerprint, self.format)
+                     self.fingerprint, self.format,
+                     tuple(n for n in self.kineto_nodes if n == node or host_of(n) == node))
 
 
 def host_of(node: str) -> str:
@@ -89,7 +101,10 @@ def host_of(node: str) -> str:
 
 
 def classify_key(key: str) -> tuple[str, str] | None:
-    """(FRAMEWORK | SYSTEM, node) for a file of the trial format, else None."""
+    """(FRAMEWORK | SYSTEM, node) for a file of the trial format, (KINETO, key) for a
+    torch.profiler trace anywhere in the trial (its node is inside it), else None."""
+    if is_kineto_key(key):
+        return KINETO, key
     base = posixpath.basename(key)
     if key.startswith(fmt.FRAMEWORK_DIR + "/"):
         match = fmt.FRAMEWORK_FILE_RE.match(base) or fmt.FRAMEWORK_TMP_RE.match(base)
@@ -103,7 +118,7 @@ def classify_key(key: str) -> tuple[str, str] | None:
 
 
 _PARSE_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 2)
-_PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file}
+_PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file, KINETO: parse_kineto_file}
 
 
 def _parse_one(store: Store, key: str, kind: str, node: str) -> ParsedFile:
@@ -111,12 +126,13 @@ def _parse_one(store: Store, key: str, kind: str, node: str) -> ParsedFile:
         data = store.read(key)
     except OSError as exc:
         return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}")
-    try:
-        data = decompress(key, data)
-    except (OSError, EOFError) as exc:
-        return ParsedFile(None, error=f"not a valid gzip file ({exc})")
-    if not data.strip():
-        return ParsedFile(None, error="empty file")
+    if kind != KINETO:  # Kineto traces (100s of MB) are decompressed and checked as scanned
+        try:
+            data = decompress(key, data)
+        except (OSError, EOFError) as exc:
+            return ParsedFile(None, error=f"not a valid gzip file ({exc})")
+        if not data.strip():
+            return ParsedFile(None, error="empty file")
     # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
     # parses than cores at once only multiplies the memory held by half-parsed files.
     with _PARSE_SLOTS:
@@ -147,13 +163,14 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
             jobs.append((info, *found))
     if not jobs:
         raise NotATrialError(f"{path}: not a trial: no framework/pevents or system/incremental "
-                             f"profiler files found ({len(files)} other file(s))")
+                             f"profiler files and no *.pt.trace.json(.gz) PyTorch profiler traces "
+                             f"found ({len(files)} other file(s))")
     total_bytes = sum(info.size for info, _, _ in jobs)
     if max_bytes is not None and total_bytes > max_bytes:
         raise TrialTooLargeError(f"{path}: trial is {total_bytes / 1e6:.1f} MB, over the limit of "
                                  f"{max_bytes / 1e6:.1f} MB")
 
-    tables: dict[str, list] = {FRAMEWORK: [], SYSTEM: []}
+    tables: dict[str, list] = {FRAMEWORK: [], SYSTEM: [], KINETO: []}
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(jobs)))) as pool:
         futures = [pool.submit(_parse_one, store, info.key, kind, node) for info, kind, node in jobs]
         try:
@@ -175,6 +192,9 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
             for future in futures:
                 future.cancel()
             raise
-    return Trial(path=path, framework=frames.framework_frame(tables[FRAMEWORK]),
+    kinds = {kind for _, kind, _ in jobs}
+    trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"
+    kineto_nodes = sorted({node for table in tables[KINETO] for node in table.column("node").unique().to_pylist()})
+    return Trial(path=path, framework=frames.framework_frame(tables[FRAMEWORK] + tables[KINETO]),
                  system=frames.system_frame(tables[SYSTEM]), report=report,
-                 fingerprint=fingerprint(files))
+                 fingerprint=fingerprint(files), format=trial_format, kineto_nodes=tuple(kineto_nodes))
