@@ -99,8 +99,8 @@ class BatchTimeResult:
 
 @dataclass
 class Window:
-    start_us: int
-    end_us: int
+    start_us: int | None  # None: unbounded on that side
+    end_us: int | None
     system: pd.DataFrame
     framework: pd.DataFrame
 
@@ -246,7 +246,7 @@ def window(framework: pd.DataFrame, system: pd.DataFrame, start_us: int | None, 
 
     select_events filters framework events by name or phase; select_dimensions filters
     system metrics by dimension, name or type ("CPUUtilization", "gpu0", "i/o").
-    Framework events overlapping the window are kept, clipped to nothing.
+    Framework events overlapping the window are kept whole (not clipped).
     """
     select_events = validate_patterns(select_events)
     select_dimensions = validate_patterns(select_dimensions)
@@ -259,7 +259,7 @@ def window(framework: pd.DataFrame, system: pd.DataFrame, start_us: int | None, 
             | _matches_any(sys_in["type"], select_dimensions))
     fw_in = framework[(framework["end_us"].to_numpy() >= lo) & (framework["start_us"].to_numpy() <= hi)]
     keep_fw = _matches_any(fw_in["name"], select_events) | _matches_any(fw_in["phase"], select_events)
-    return Window(lo if start_us is not None else 0, hi if end_us is not None else 0,
+    return Window(None if start_us is None else lo, None if end_us is None else hi,
                   sys_in[keep.to_numpy()].reset_index(drop=True),
                   fw_in[keep_fw.to_numpy()].reset_index(drop=True))
 
