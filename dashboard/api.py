@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from .analysis import dataloader
+from .analysis import verdict as verdict_analysis
 from .analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis, Window
 from .trial.load import Trial, load_trial
 
@@ -37,6 +39,23 @@ class TrialAnalysis:
     @property
     def batchtime(self):
         return self.dataloader.batchtime
+
+    @cached_property
+    def assessment(self) -> verdict_analysis.Assessment:
+        """Input-bound verdict (trial and per node) and recommendations, computed once."""
+        return verdict_analysis.assess(self.trial.framework, self.trial.system, self.dataloader.outlier_factor)
+
+    @property
+    def verdict(self) -> verdict_analysis.Verdict:
+        return self.assessment.verdict
+
+    @property
+    def nodes_verdict(self) -> dict[str, verdict_analysis.Verdict]:
+        return self.assessment.nodes_verdict
+
+    @property
+    def recommendations(self) -> list[verdict_analysis.Recommendation]:
+        return self.assessment.recommendations
 
     def window(self, start_us=None, end_us=None, select_events=(".*",),
                select_dimensions=(".*",)) -> Window:

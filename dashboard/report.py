@@ -34,18 +34,57 @@ def _bool_or_none(value):
     return None if value is None or pd.isna(value) else bool(value)
 
 
+def _jsonable(value):
+    """Evidence as plain JSON values: numpy scalars unwrapped, NaN as None."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    return _num(value) if isinstance(value, float) or value is None or value is pd.NA else value
+
+
+def verdict_dict(verdict) -> dict:
+    return {"input_percent": _num(verdict.input_percent), "class": verdict.class_, "basis": verdict.basis}
+
+
+def recommendation_dict(item) -> dict:
+    return {"id": item.id, "text": item.text, "evidence": _jsonable(item.evidence),
+            "saving_s": _num(item.saving_s)}
+
+
+def not_recorded_anywhere(trial) -> bool:
+    """True when no node's profiler recorded what `trial.not_recorded` names (a Kineto-only
+    trial): counts of those are unknown (null), not zero."""
+    if not trial.not_recorded:
+        return False
+    framework_nodes = {str(n) for n in trial.framework["node"].unique()}
+    return framework_nodes <= set(trial.kineto_nodes)
+
+
 def to_dict(result: TrialAnalysis) -> dict:
     trial, init, workers, getnext, batch = (result.trial, result.initialization, result.workers,
                                             result.getnext, result.batchtime)
     duration = {"start_us": ("start_us", int), "end_us": ("end_us", int),
                 "duration_us": ("duration_us", lambda v: _num(float(v)))}
+    unknown = not_recorded_anywhere(trial)
     return {
         "trial": trial.path,
+        "format": trial.format,
+        "verdict": verdict_dict(result.verdict),
+        "nodes_verdict": {node: verdict_dict(v) for node, v in result.nodes_verdict.items()},
+        "recommendations": [recommendation_dict(r) for r in result.recommendations],
+        # What the trial's profiler did not record (Kineto: no iterator creation, no worker
+        # processes, no worker ids), and on which nodes.
+        "not_recorded": list(trial.not_recorded),
+        "not_recorded_nodes": list(trial.kineto_nodes),
         "nodes": trial.nodes,
         "files": trial.report.to_dict(),
         "lines_skipped": trial.report.lines_skipped,
         "initialization": {
-            "count": init.count, "median_us": _num(init.median_us), "max_us": _num(init.max_us),
+            "count": None if unknown else init.count, "median_us": _num(init.median_us),
+            "max_us": _num(init.max_us),
             "iterators": _records(init.iterators, {
                 "type": ("type", str), "num_workers": ("num_workers", _int),
                 "pin_memory": ("pin_memory", _bool_or_none), "count": ("count", int),
@@ -55,7 +94,8 @@ def to_dict(result: TrialAnalysis) -> dict:
                                                  "type": ("type", str)}),
         },
         "workers": {
-            "count": workers.count, "median_us": _num(workers.median_us), "max_us": _num(workers.max_us),
+            "count": None if unknown else workers.count, "median_us": _num(workers.median_us),
+            "max_us": _num(workers.max_us),
             "outliers": _records(workers.outliers, {**duration, "worker_id": ("worker_id", _int),
                                                     "pid": ("pid", _int), "node": ("node", str)}),
         },
@@ -86,10 +126,48 @@ def _stat(value, unit):
     return "-" if value is None else f"{value:,.0f} {unit}" if unit == "us" else f"{value:.4f} {unit}"
 
 
+_CLASS_WORDS = {"highly": "highly input-bound", "moderately": "moderately input-bound",
+                "not": "not input-bound"}
+NOT_RECORDED_WORDS = {"initialization": "iterator initialization", "workers": "worker processes",
+                      "worker_id": "which worker produced a batch"}
+
+
+def verdict_text(verdict) -> str:
+    if verdict.class_ is None:
+        return f"no verdict: {verdict.basis}"
+    return (f"{_CLASS_WORDS[verdict.class_]}: {verdict.input_percent:.1f} % of training time waits for "
+            f"data ({verdict.basis})")
+
+
+def _summary_lines(data: dict, result: TrialAnalysis) -> list[str]:
+    """The verdict and the findings: what the report says first."""
+    lines = [f"Verdict: {verdict_text(result.verdict)}"]
+    if len(result.nodes_verdict) > 1:
+        for node, verdict in result.nodes_verdict.items():
+            percent = "-" if verdict.input_percent is None else f"{verdict.input_percent:.1f} %"
+            lines.append(f"  {node}: {percent} {_CLASS_WORDS.get(verdict.class_, '')}")
+    findings = data["recommendations"]
+    lines.append("")
+    lines.append(f"Findings: {len(findings)}" if findings else "Findings: none (nothing to change)")
+    for number, item in enumerate(findings, 1):
+        saving = "" if item["saving_s"] is None else f" [saves about {item['saving_s']:.2f} s]"
+        lines.append(f"  {number}. ({item['id']}){saving} {item['text']}")
+    if data["not_recorded"]:
+        where = ("" if not_recorded_anywhere(result.trial)
+                 else f" on {', '.join(data['not_recorded_nodes'])}")
+        lines.append("")
+        lines.append(f"Not recorded{where} (PyTorch profiler traces): "
+                     + ", ".join(NOT_RECORDED_WORDS.get(k, k) for k in data["not_recorded"])
+                     + "; shown as 'not recorded', never as zero.")
+    lines.append("")
+    return lines
+
+
 def to_text(result: TrialAnalysis, max_rows: int = 10) -> str:
     data = to_dict(result)
     trial = result.trial
-    lines = [f"Trial {data['trial']}",
+    lines = _summary_lines(data, result)
+    lines += [f"Trial {data['trial']} ({data['format']})",
              f"  span {iso_utc(trial.start_us)} .. {iso_utc(trial.end_us)}; nodes: {', '.join(data['nodes']) or '-'}",
              f"  files read {data['files']['read']}, skipped {len(data['files']['skipped'])}; "
              f"lines skipped {data['lines_skipped']}"]
@@ -100,6 +178,9 @@ def to_text(result: TrialAnalysis, max_rows: int = 10) -> str:
 
     def section(title, part, unit_key="median_us"):
         lines.append("")
+        if part["count"] is None:
+            lines.append(f"{title}: not recorded")
+            return
         lines.append(f"{title}: {part['count']} (median {_stat(part.get('median_us'), 'us')}, "
                      f"max {_stat(part.get('max_us'), 'us')})")
 

@@ -98,5 +98,7 @@ def log_histogram(values: np.ndarray, bins: int = 60, floor: float = 1.0):
     if hi - lo < 1e-9:
         lo, hi = lo - 0.05, hi + 0.05
     edges = np.logspace(lo, hi, bins + 1)
+    # 10 ** log10(v) may miss v by a rounding error: pin the ends so no value falls outside.
+    edges[0], edges[-1] = min(edges[0], values.min()), max(edges[-1], values.max())
     counts, edges = np.histogram(values, bins=edges)
     return edges, counts

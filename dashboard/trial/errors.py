@@ -19,3 +19,18 @@ class NotATrialError(TrialError):
 
 class TrialTooLargeError(TrialError):
     """The trial is larger than the configured limit."""
+
+
+class FileOutsideTrialError(TrialAccessError):
+    """One file of a trial may not be read (a link leading out of the trial).
+
+    Only that file is skipped and reported; the rest of the trial still loads.
+    """
+
+
+def size_text(count: int) -> str:
+    """A byte count for messages: '1.5 MB', '20.0 kB', '512 bytes'."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} bytes"

@@ -1,9 +1,11 @@
 """Loading a trial: list its files, read and parse them concurrently, build the frames."""
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -12,7 +14,7 @@ import pandas as pd
 
 from .. import format as fmt
 from . import frames
-from .errors import NotATrialError, TrialError, TrialTooLargeError
+from .errors import FileOutsideTrialError, NotATrialError, TrialError, TrialTooLargeError, size_text
 from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
 from .kineto_format import is_kineto_key, parse_kineto_file
 from .smdebug_format import ParsedFile, decompress, parse_system_file, parse_trace_file
@@ -121,32 +123,98 @@ _PARSE_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 2)
 _PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file, KINETO: parse_kineto_file}
 
 
-def _parse_one(store: Store, key: str, kind: str, node: str) -> ParsedFile:
+class _LoadGuard:
+    """Shared by the read threads of one load: the size and event limits, and the first
+    error, after which no more files are read."""
+
+    def __init__(self, path: str, max_bytes: int | None, max_events: int | None):
+        self.path, self.max_bytes, self.max_events = path, max_bytes, max_events
+        self._lock = threading.Lock()
+        self._bytes = self._events = 0
+        self._digests: set[bytes] = set()
+        self.error: BaseException | None = None
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            self.error = self.error or error
+
+    def add_bytes(self, count: int) -> None:
+        with self._lock:
+            self._bytes += count
+            over = self.max_bytes is not None and self._bytes > self.max_bytes
+        if over:
+            self.too_large(f"trial is over the limit of {size_text(self.max_bytes)} once decompressed")
+
+    def add_events(self, digest: bytes, count: int) -> None:
+        """Counts a file's events once, however many copies of it the trial holds."""
+        with self._lock:
+            if digest in self._digests:
+                return
+            self._digests.add(digest)
+            self._events += count
+            over = self.max_events is not None and self._events > self.max_events
+        if over:
+            self.too_large(f"trial holds more than the limit of {self.max_events:,} events "
+                           f"(framework events and system samples)")
+
+    def too_large(self, why: str) -> None:
+        error = TrialTooLargeError(f"{self.path}: {why}")
+        self.fail(error)
+        raise error
+
+
+def _parse_one(store: Store, key: str, kind: str, node: str,
+               guard: _LoadGuard) -> tuple[ParsedFile, bytes | None]:
+    """The parsed file and a digest of its content (None when it could not be read)."""
+    guard.check()  # another file failed the load: read no more
     try:
-        data = store.read(key)
-    except OSError as exc:
-        return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}")
-    if kind != KINETO:  # Kineto traces (100s of MB) are decompressed and checked as scanned
         try:
-            data = decompress(key, data)
-        except (OSError, EOFError) as exc:
-            return ParsedFile(None, error=f"not a valid gzip file ({exc})")
-        if not data.strip():
-            return ParsedFile(None, error="empty file")
-    # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
-    # parses than cores at once only multiplies the memory held by half-parsed files.
-    with _PARSE_SLOTS:
-        return _PARSERS[kind](data, node)
+            data = store.read(key)
+        except FileOutsideTrialError:
+            return ParsedFile(None, error="refused: links outside the trial folder"), None
+        except OSError as exc:
+            return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}"), None
+        if kind != KINETO:  # Kineto traces (100s of MB) are decompressed and checked as scanned
+            try:
+                data = decompress(key, data, max_size=guard.max_bytes)
+            except (OSError, EOFError, zlib.error) as exc:
+                return ParsedFile(None, error=f"not a valid gzip file ({exc})"), None
+            except TrialTooLargeError as exc:
+                guard.too_large(str(exc))
+            if not data.strip():
+                return ParsedFile(None, error="empty file"), None
+        guard.add_bytes(len(data))
+        digest = hashlib.sha256(data).digest()
+        # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
+        # parses than cores at once only multiplies the memory held by half-parsed files.
+        with _PARSE_SLOTS:
+            guard.check()
+            parsed = _PARSERS[kind](data, node)
+        guard.add_events(digest, parsed.table.num_rows if parsed.table is not None else 0)
+        return parsed, digest
+    except TrialError as exc:  # S3 unreachable, access denied, over a limit: fails the load
+        guard.fail(exc)
+        raise
 
 
 def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
                s3_buckets: Sequence[str] | None = None, max_bytes: int | None = None,
-               threads: int | None = None, on_progress: Progress | None = None,
-               store: Store | None = None, files: list[FileInfo] | None = None) -> Trial:
+               max_events: int | None = None, threads: int | None = None,
+               on_progress: Progress | None = None, store: Store | None = None,
+               files: list[FileInfo] | None = None) -> Trial:
     """Read a trial from a local folder or `s3://bucket/prefix`.
 
     Raises a TrialError subclass naming the path when the trial cannot be read; bad
-    files and lines are skipped and listed in `trial.report`.
+    files and lines are skipped and listed in `trial.report`. A file with the same content
+    as another (after gunzip) is read once; the copy is reported as skipped.
+
+    max_bytes: refuse (TrialTooLargeError) a trial whose files hold more bytes, as listed
+        or once decompressed. max_events: refuse a trial with more framework events and
+        system samples; counted while parsing, so that the load stops early.
     """
     store = store or open_store(path, roots=roots, s3_client=s3_client, s3_buckets=s3_buckets)
     files = store.list() if files is None else files
@@ -155,6 +223,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         # S3 reads wait on the network, so they overlap many.
         threads = READ_THREADS if isinstance(store, S3Store) else (os.cpu_count() or 2)
     jobs, report = [], LoadReport()
+    report.files_skipped += [SkippedFile(key, reason) for key, reason in store.skipped]
     for info in sorted(files, key=lambda f: f.key):
         found = classify_key(info.key)
         if found is None:
@@ -164,37 +233,47 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     if not jobs:
         raise NotATrialError(f"{path}: not a trial: no framework/pevents or system/incremental "
                              f"profiler files and no *.pt.trace.json(.gz) PyTorch profiler traces "
-                             f"found ({len(files)} other file(s))")
+                             f"found ({len(files)} other file(s)"
+                             + "".join(f"; {key}: {reason}" for key, reason in store.skipped[:3]) + ")")
     total_bytes = sum(info.size for info, _, _ in jobs)
     if max_bytes is not None and total_bytes > max_bytes:
-        raise TrialTooLargeError(f"{path}: trial is {total_bytes / 1e6:.1f} MB, over the limit of "
-                                 f"{max_bytes / 1e6:.1f} MB")
+        raise TrialTooLargeError(f"{path}: trial is {size_text(total_bytes)}, over the limit of "
+                                 f"{size_text(max_bytes)}")
 
     tables: dict[str, list] = {FRAMEWORK: [], SYSTEM: [], KINETO: []}
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(jobs)))) as pool:
-        futures = [pool.submit(_parse_one, store, info.key, kind, node) for info, kind, node in jobs]
-        try:
-            for done, ((info, kind, _), future) in enumerate(zip(jobs, futures), 1):
-                parsed = future.result()  # a TrialError (S3 gone, access denied) fails the load
-                if parsed.error:
-                    report.files_skipped.append(SkippedFile(info.key, parsed.error))
-                else:
-                    report.files_read += 1
-                    if parsed.table is not None:
-                        tables[kind].append(parsed.table)
-                if parsed.lines_skipped:
-                    report.lines_skipped += parsed.lines_skipped
-                    report.files_with_skipped_lines.append(
-                        SkippedFile(info.key, "; ".join(parsed.problems) or "bad lines"))
-                if on_progress is not None:
-                    on_progress(done, len(jobs))
-        except TrialError:
-            for future in futures:
-                future.cancel()
-            raise
+    guard = _LoadGuard(path, max_bytes, max_events)
+    first_copy: dict[bytes, str] = {}  # content digest -> key of the first file holding it
+    pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(jobs))))
+    futures = [pool.submit(_parse_one, store, info.key, kind, node, guard) for info, kind, node in jobs]
+    try:
+        for done, ((info, kind, _), future) in enumerate(zip(jobs, futures), 1):
+            # A TrialError (S3 gone, access denied, over a limit) fails the load.
+            parsed, digest = future.result()
+            original = first_copy.setdefault(digest, info.key) if digest is not None else info.key
+            if original != info.key:
+                report.files_skipped.append(SkippedFile(info.key, f"duplicate of {original}"))
+            elif parsed.error:
+                report.files_skipped.append(SkippedFile(info.key, parsed.error))
+            else:
+                report.files_read += 1
+                if parsed.table is not None:
+                    tables[kind].append(parsed.table)
+            if parsed.lines_skipped and original == info.key:
+                report.lines_skipped += parsed.lines_skipped
+                report.files_with_skipped_lines.append(
+                    SkippedFile(info.key, "; ".join(parsed.problems) or "bad lines"))
+            if on_progress is not None:
+                on_progress(done, len(jobs))
+    except BaseException as exc:
+        # Fail now: files not started are dropped, files in flight stop at their next step.
+        guard.fail(exc if isinstance(exc, TrialError) else TrialError(f"{path}: load abandoned"))
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     kinds = {kind for _, kind, _ in jobs}
     trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"
-    kineto_nodes = sorted({node for table in tables[KINETO] for node in table.column("node").unique().to_pylist()})
+    kineto_nodes = sorted({node for table in tables[KINETO]
+                           for node in table.column("node").unique().to_pylist()})
     return Trial(path=path, framework=frames.framework_frame(tables[FRAMEWORK] + tables[KINETO]),
                  system=frames.system_frame(tables[SYSTEM]), report=report,
                  fingerprint=fingerprint(files), format=trial_format, kineto_nodes=tuple(kineto_nodes))

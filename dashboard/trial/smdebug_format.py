@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from .. import format as fmt
+from .errors import TrialTooLargeError, size_text
 from .frames import FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA
 
 _ARG_FIELDS = [
@@ -58,27 +59,60 @@ class ParsedFile:
     error: str | None = None  # why the whole file was skipped
 
 
-def decompress(key: str, data: bytes) -> bytes:
-    if key.endswith(".gz"):
+def decompress(key: str, data: bytes, max_size: int | None = None) -> bytes:
+    """The file's bytes, gunzipped when the key ends with .gz.
+
+    Raises OSError, EOFError or zlib.error for a broken gzip file, and TrialTooLargeError
+    when it inflates to more than `max_size` bytes (a few MB can inflate to many GB).
+    """
+    if not key.endswith(".gz"):
+        return data
+    if max_size is None:
         return gzip.decompress(data)
-    return data
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+        out = stream.read(max_size + 1)
+    if len(out) > max_size:
+        raise TrialTooLargeError(f"{key}: decompresses to more than the limit of {size_text(max_size)}")
+    return out
+
+
+def is_utf8(data: bytes) -> bool:
+    """Arrow's JSON reader does not check UTF-8, and its strings then fail in pandas."""
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+# Latest event end accepted, in epoch microseconds: far beyond any real trace, far inside int64.
+_MAX_YEAR = 9999
+_MAX_US = 253_402_300_800_000_000.0  # 10000-01-01T00:00:00Z
 
 
 # --- line-by-line path --------------------------------------------------------------
 
-def _json_objects(data: bytes) -> tuple[list[dict], int]:
-    """Every JSON object of a trace array or JSON-lines file, and the count of bad lines."""
+def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None]:
+    """Every JSON object of a trace array or JSON-lines file, the count of bad lines and
+    why they are bad (the first few, by line number).
+
+    rescue(line) -> dict | None: a second reader for lines nested deeper than orjson's
+    limit, so that both paths keep the same events.
+    """
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
         doc = None
     if isinstance(doc, list):
         good = [e for e in doc if isinstance(e, dict)]
-        return good, len(doc) - len(good)
+        bad = len(doc) - len(good)
+        return good, bad, f"{bad} array element(s) are not JSON objects" if bad else None
     if isinstance(doc, dict):
-        return [doc], 0
-    good, bad = [], 0
-    for line in data.split(b"\n"):
+        return [doc], 0, None
+    good, bad, examples = [], 0, []
+    for number, line in enumerate(data.split(b"\n"), 1):
         line = line.strip().rstrip(b",").strip()
         if line in (b"", b"[", b"]"):
             continue
@@ -88,28 +122,47 @@ def _json_objects(data: bytes) -> tuple[list[dict], int]:
             line = line[:-1].rstrip(b",")
         try:
             obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            bad += 1
-            continue
+        except orjson.JSONDecodeError as exc:
+            obj = rescue(line) if rescue is not None and "depth limit" in exc.msg else None
+            why = f"not JSON ({exc.msg})"
+        else:
+            why = "not a JSON object"
         if isinstance(obj, dict):
             good.append(obj)
-        else:
-            bad += 1
-    return good, bad
+            continue
+        bad += 1
+        if len(examples) < 3:
+            examples.append(f"line {number}: {why}")
+    if not bad:
+        return good, 0, None
+    more = ", ..." if bad > len(examples) else ""
+    return good, bad, f"{bad} line(s) are not JSON objects ({'; '.join(examples)}{more})"
+
+
+def _rescue_with(parse_options):
+    def rescue(line: bytes) -> dict | None:
+        # Arrow ignores fields outside the schema however deep they nest.
+        try:
+            rows = pj.read_json(io.BytesIO(line + b"\n"), read_options=_READ,
+                                parse_options=parse_options).to_pylist()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
+            return None
+        return rows[0] if len(rows) == 1 else None
+    return rescue
 
 
 def _as_int(value):
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value if -2**63 <= value < 2**63 else None
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
+    if isinstance(value, float):
+        value = int(value) if math.isfinite(value) and value.is_integer() else None
+    elif isinstance(value, str):
         try:
-            return int(value)
+            value = int(value)
         except ValueError:
             return None
+    if isinstance(value, int) and -2**63 <= value < 2**63:
+        return value
     return None
 
 
@@ -163,22 +216,27 @@ def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
     body = body.replace(b"},\n", b"}\n").strip().rstrip(b",")
     if not body:
         return RAW_TRACE_SCHEMA.empty_table(), 0, None
-    try:
-        return pj.read_json(io.BytesIO(body), read_options=_READ, parse_options=_TRACE_PARSE), 0, None
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
-    objects, bad = _json_objects(data)
-    problem = f"{bad} line(s) are not JSON objects" if bad else None
+    if is_utf8(body):
+        try:
+            return pj.read_json(io.BytesIO(body), read_options=_READ, parse_options=_TRACE_PARSE), 0, None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    objects, bad, problem = _json_objects(data, _rescue_with(_TRACE_PARSE))
     return pa.Table.from_pylist([_raw_trace_row(e) for e in objects], schema=RAW_TRACE_SCHEMA), bad, problem
 
 
 # --- raw table -> canonical rows ------------------------------------------------------
 
-def _pair_begin_end(raw: pa.Table) -> pa.Table:
-    """Turns B/E pairs into X rows (matched per trace pid and name, innermost first)."""
+def _pair_begin_end(raw: pa.Table) -> tuple[pa.Table, int]:
+    """Turns B/E pairs into X rows (matched per trace pid and name, innermost first).
+
+    Returns the table and the count of B and E events left without their other half
+    (a writer killed inside an event, a pair split over two files).
+    """
     rows = raw.to_pylist()
     open_by_key: dict = {}
     out = []
+    unpaired = 0
     for row in rows:
         ph = row["ph"]
         if ph == "B":
@@ -189,9 +247,12 @@ def _pair_begin_end(raw: pa.Table) -> pa.Table:
                 begin = stack.pop()
                 begin = dict(begin, ph="X", dur=row["ts"] - begin["ts"])
                 out.append(begin)
+            else:
+                unpaired += 1
         else:
             out.append(row)
-    return pa.Table.from_pylist(out, schema=RAW_TRACE_SCHEMA)
+    unpaired += sum(len(stack) for stack in open_by_key.values())
+    return pa.Table.from_pylist(out, schema=RAW_TRACE_SCHEMA), unpaired
 
 
 def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str], str | None]:
@@ -203,8 +264,11 @@ def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str
     problems: list[str] = []
     if raw.num_rows == 0:
         return None, 0, problems, None
+    unpaired = 0
     if pc.any(pc.is_in(raw.column("ph"), pa.array(["B", "E"]))).as_py():
-        raw = _pair_begin_end(raw)
+        raw, unpaired = _pair_begin_end(raw)
+        if unpaired:
+            problems.append(f"{unpaired} begin/end (B/E) event(s) without their other half")
     # Plain arrays (not chunked) so that filters keep struct fields addressable.
     ph, args, pids, names, ts, dur = (raw.column(c).combine_chunks()
                                       for c in ("ph", "args", "pid", "name", "ts", "dur"))
@@ -240,7 +304,9 @@ def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str
     valid = pc.and_(valid, pc.is_valid(names))
     bad = n_events - (pc.sum(valid).as_py() or 0)
     if bad:
-        problems.append(f"{bad} event(s) with a missing, negative or non-finite time or duration")
+        problems.append(f"{bad} event(s) with a missing, non-numeric, negative or non-finite time "
+                        f"or duration, or no name")
+    bad += unpaired
     if not pc.any(valid).as_py():
         return None, bad, problems, None
 
@@ -250,7 +316,17 @@ def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str
         if pc.min(ts_valid).as_py() < 1e14:
             return None, 0, problems, f"no {fmt.ARG_START_TIME} metadata: event times cannot be placed"
         base_us = 0
-    start = pc.cast(pc.round(pc.add(ts_valid, float(base_us))), pa.int64())
+    # Absolute times must be epoch microseconds that int64 holds (a corrupt 1e300 is not).
+    start_f = pc.add(ts, float(base_us))
+    in_range = pc.and_(pc.greater_equal(start_f, 0.0), pc.less(pc.add(start_f, dur), _MAX_US)).fill_null(False)
+    out_of_range = pc.sum(pc.and_(valid, pc.invert(in_range))).as_py() or 0
+    if out_of_range:
+        problems.append(f"{out_of_range} event(s) with a time outside 1970..{_MAX_YEAR}")
+        bad += out_of_range
+        valid = pc.and_(valid, in_range)
+        if not pc.any(valid).as_py():
+            return None, bad, problems, None
+    start = pc.cast(pc.round(pc.filter(start_f, valid)), pa.int64())
     end = pc.add(start, pc.cast(pc.round(pc.filter(dur, valid)), pa.int64()))
     fargs = pc.filter(args, valid)
     steps = fargs.field(fmt.ARG_STEP)
@@ -305,24 +381,31 @@ def parse_system_file(data: bytes, node: str) -> ParsedFile:
     bad = 0
     problems = []
     try:
+        if not is_utf8(body):
+            raise pa.ArrowInvalid("not UTF-8")
         raw = pj.read_json(io.BytesIO(body + b"\n"), read_options=_READ, parse_options=_SYSTEM_PARSE)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        objects, bad = _json_objects(data)
+        objects, bad, problem = _json_objects(data, _rescue_with(_SYSTEM_PARSE))
+        if problem:
+            problems.append(problem)
         rows = [_raw_system_row(o) for o in objects]
         good = [r for r in rows if r is not None]
+        if len(rows) - len(good):
+            problems.append(f"{len(rows) - len(good)} record(s) are not valid metric records")
         bad += len(rows) - len(good)
-        if bad:
-            problems.append(f"{bad} line(s) are not valid metric records")
         raw = pa.Table.from_pylist(good, schema=_SYSTEM_PARSE.explicit_schema)
     if raw.num_rows == 0:
         return ParsedFile(None, bad, problems)
     value, ts = raw.column("Value"), raw.column("Timestamp")
     valid = pc.and_(pc.is_finite(value).fill_null(False), pc.is_finite(ts).fill_null(False))
-    valid = pc.and_(valid, pc.and_(pc.is_valid(raw.column("Type")), pc.is_valid(raw.column("Name"))))
+    in_range = pc.and_(pc.greater_equal(ts, 0.0), pc.less(ts, _MAX_US / 1e6)).fill_null(False)
+    valid = pc.and_(pc.and_(valid, in_range),
+                    pc.and_(pc.is_valid(raw.column("Type")), pc.is_valid(raw.column("Name"))))
     dropped = raw.num_rows - (pc.sum(valid).as_py() or 0)
     if dropped:
         bad += dropped
-        problems.append(f"{dropped} record(s) with a missing or non-finite value or timestamp")
+        problems.append(f"{dropped} record(s) with a missing, non-finite or out-of-range value or "
+                        f"timestamp, or no Type or Name")
     raw = raw.filter(valid)
     if raw.num_rows == 0:
         return ParsedFile(None, bad, problems)

@@ -6,14 +6,37 @@ and boto3 itself honours AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (MinIO, moto, ..
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .errors import TrialAccessError, TrialError, TrialNotFoundError
+from .errors import FileOutsideTrialError, TrialAccessError, TrialError, TrialNotFoundError
 
 READ_THREADS = 16
+
+
+class _RedactCredentials(logging.Filter):
+    """botocore's debug log shows the access key id, session tokens and request signatures
+    (a signed request can be replayed for minutes): keep them out of any log a deployment
+    turns on."""
+
+    _SECRET = re.compile(r"(?i)(signature[=:]\s*|credential=|x-amz-security-token['\"]?[=:]\s*b?['\"]?|"
+                         r"awsaccesskeyid=|authorization['\"]?:\s*b?['\"]?)[^\s,'\"&]+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = self._SECRET.sub(r"\1<redacted>", message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+for _name in ("botocore.auth", "botocore.endpoint", "botocore.httpsession", "botocore.parsers",
+              "urllib3.connectionpool"):
+    logging.getLogger(_name).addFilter(_RedactCredentials())
 
 
 @dataclass(frozen=True)
@@ -40,6 +63,8 @@ class LocalStore:
 
     def __init__(self, path: str, roots: Sequence[str] | None = None):
         self.path = path
+        if "\0" in path:
+            raise TrialNotFoundError(f"{path!r}: not a valid path (it contains a NUL character)")
         root = os.path.realpath(os.path.expanduser(path))
         if roots is not None:
             allowed = [os.path.realpath(os.path.expanduser(r)) for r in roots]
@@ -52,26 +77,38 @@ class LocalStore:
             raise TrialNotFoundError(f"{path}: no such folder")
         if not os.path.isdir(root):
             raise TrialNotFoundError(f"{path}: not a folder (a trial is a folder with framework/ and system/)")
+        # (key, reason) of what the last list() left out: links to folders are not followed.
+        self.skipped: list[tuple[str, str]] = []
 
     def list(self) -> list[FileInfo]:
-        files = []
+        files, skipped = [], []
         for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
             dirnames.sort()
+            for name in dirnames:
+                full = os.path.join(dirpath, name)
+                if os.path.islink(full):
+                    key = os.path.relpath(full, self.root).replace(os.sep, "/")
+                    target = os.path.realpath(full)
+                    where = "inside" if target.startswith(self.root + os.sep) else "outside"
+                    skipped.append((key, f"a link to a folder {where} the trial folder: not followed"))
             for name in filenames:
                 full = os.path.join(dirpath, name)
                 key = os.path.relpath(full, self.root).replace(os.sep, "/")
                 try:
                     st = os.stat(full)
                 except OSError:
-                    continue  # removed (rotated) between listing and stat
+                    if not os.path.islink(full):
+                        continue  # removed (rotated) between listing and stat
+                    st = os.lstat(full)  # a broken link: listed, so that reading it says why
                 files.append(FileInfo(key, st.st_size, str(st.st_mtime_ns)))
+        self.skipped = skipped
         return files
 
     def resolve(self, key: str) -> str:
         """The real path of a file of the trial; refuses links that lead out of the trial."""
         full = os.path.realpath(os.path.join(self.root, key))
         if not full.startswith(self.root + os.sep):
-            raise TrialAccessError(f"{key}: links outside the trial folder")
+            raise FileOutsideTrialError(f"{key}: links outside the trial folder")
         return full
 
     def read(self, key: str) -> bytes:
@@ -83,10 +120,13 @@ def _s3_client(max_pool_connections: int = READ_THREADS):
     import boto3
     from botocore.config import Config
 
-    # Retries and timeouts live on the client: standard mode retries throttling,
-    # 5xx and connection errors with backoff.
-    config = Config(retries={"max_attempts": 4, "mode": "standard"}, connect_timeout=5,
-                    read_timeout=30, max_pool_connections=max_pool_connections)
+    # Retries and timeouts live on the client: standard mode retries throttling, 5xx and
+    # connection errors, 3 attempts in all with a random backoff of at most 1 s, then 2 s.
+    # So a request to a dead endpoint fails within about 3 s (connection refused) or
+    # 3 x 2 s + 3 s (connect unanswered), to a server that stops answering mid-request
+    # within 3 x 10 s + 3 s.
+    config = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=2,
+                    read_timeout=10, max_pool_connections=max_pool_connections)
     return boto3.session.Session().client("s3", config=config)
 
 
@@ -99,11 +139,17 @@ class S3Store:
         self.bucket, _, prefix = rest.partition("/")
         if not self.bucket:
             raise TrialNotFoundError(f"{path}: no bucket in the S3 path")
+        if _has_dot_segment(prefix):
+            # S3 keys are literal, but a proxy or S3-compatible server may normalise them
+            # into another bucket: no way around the bucket allow-list.
+            raise TrialAccessError(f"{path}: '.' and '..' are not allowed in an S3 path")
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.client = client or _s3_client()
+        self.skipped: list[tuple[str, str]] = []  # (key, reason) left out by the last list()
 
     def _error(self, exc) -> TrialError:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import (BotoCoreError, ClientError, NoCredentialsError,
+                                         ParamValidationError)
 
         if isinstance(exc, ClientError):
             code = exc.response.get("Error", {}).get("Code", "")
@@ -113,25 +159,32 @@ class S3Store:
                         "SignatureDoesNotMatch", "ExpiredToken"):
                 return TrialAccessError(f"{self.path}: access denied to bucket {self.bucket!r} ({code})")
             return TrialError(f"{self.path}: S3 error {code or type(exc).__name__}")
+        if isinstance(exc, NoCredentialsError):
+            return TrialAccessError(f"{self.path}: no AWS credentials found")
+        if isinstance(exc, ParamValidationError):
+            return TrialNotFoundError(f"{self.path}: not a valid S3 path ({_redact(str(exc))})")
         if isinstance(exc, BotoCoreError):
-            # The message names the endpoint, never the credentials.
-            return TrialError(f"{self.path}: cannot reach S3 ({type(exc).__name__}: {exc})")
-        return TrialError(f"{self.path}: {type(exc).__name__}: {exc}")
+            # The message names the endpoint, never the credentials or a query string.
+            return TrialError(f"{self.path}: cannot reach S3 ({type(exc).__name__}: {_redact(str(exc))})")
+        return TrialError(f"{self.path}: {type(exc).__name__}: {_redact(str(exc))}")
 
     def list(self) -> list[FileInfo]:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        files = []
+        files, skipped = [], []
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix)
             for page in pages:
                 for obj in page.get("Contents", []):
                     key = obj["Key"][len(self.prefix):]
-                    if key and not key.endswith("/"):
+                    if _has_dot_segment(key):
+                        skipped.append((key, "refused: '.' or '..' in the key"))
+                    elif key and not key.endswith("/"):
                         files.append(FileInfo(key, int(obj["Size"]), obj.get("ETag", "").strip('"')))
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, OSError) as exc:
             raise self._error(exc) from None
+        self.skipped = skipped
         return files
 
     def read(self, key: str) -> bytes:
@@ -144,11 +197,35 @@ class S3Store:
                 # Removed between listing and reading (a running job's rotation): skip it.
                 raise FileNotFoundError(f"{key}: removed since listing") from None
             raise self._error(exc) from None
-        except BotoCoreError as exc:
+        except (BotoCoreError, OSError) as exc:
+            # A connection lost mid-body must fail the load, never skip the file as if gone.
             raise self._error(exc) from None
+
+    def put_file(self, key: str, local_path: str) -> None:
+        """Upload a local file as `key` under the trial prefix (the collector's closed files)."""
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.upload_file(local_path, self.bucket, self.prefix + key)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc) from None
+        except S3UploadFailedError as exc:
+            raise TrialError(f"{self.path}: upload of {key} failed ({exc})") from None
 
 
 Store = LocalStore | S3Store
+
+_QUERY = re.compile(r"""(\w+://[^\s"'?]*)\?[^\s"']*""")
+
+
+def _redact(message: str) -> str:
+    """A message without the query strings of the URLs in it (a presigned URL's signature)."""
+    return _QUERY.sub(r"\1", message)
+
+
+def _has_dot_segment(key: str) -> bool:
+    return any(part in (".", "..") for part in key.split("/"))
 
 
 def open_store(path: str, roots: Sequence[str] | None = None, s3_client=None,

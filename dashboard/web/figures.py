@@ -222,8 +222,9 @@ def gantt_rows(frame: pd.DataFrame, max_rows: int = MAX_GANTT_ROWS) -> GanttRows
     return GanttRows(rank[codes], labels)
 
 
-def _add_framework_gantt(fig: go.Figure, frame: pd.DataFrame, rows: GanttRows, span_us: float,
-                         budget: int, row: int | None = None) -> None:
+def framework_gantt(frame: pd.DataFrame, rows: GanttRows, span_us: float, budget: int,
+                    axes: tuple[str, str] = ("x", "y")) -> list[dict]:
+    """Gantt traces of framework events, one colour per phase, within about `budget` points."""
     phase_codes, phase_names = _category_codes(frame["phase"])
     present = sorted({phase_names[c] if c >= 0 else "?" for c in np.unique(phase_codes).tolist()},
                      key=_phase_rank)
@@ -232,16 +233,16 @@ def _add_framework_gantt(fig: go.Figure, frame: pd.DataFrame, rows: GanttRows, s
                              + [present.index("?") if "?" in present else -1])
     n_rows = max(1, len(rows.labels))
     bars_per_row = int(np.clip(budget / 4 / n_rows, 100, decimate.DEFAULT_BUCKETS))
-    _gantt_traces(fig, frame["start_us"].to_numpy(), frame["end_us"].to_numpy(), rows.row,
-                  color_of_code[phase_codes], present, [colors[p] for p in present], _event_hover(frame),
-                  gap_us=max(span_us, 1) / bars_per_row, row=row)
+    return _gantt_traces(frame["start_us"].to_numpy(), frame["end_us"].to_numpy(), rows.row,
+                         color_of_code[phase_codes], present, [colors[p] for p in present],
+                         _event_hover(frame), gap_us=max(span_us, 1) / bars_per_row, axes=axes)
 
 
 # --- the window: system metrics and framework events ----------------------------------------
 
-_METRIC_GROUPS = [  # (type, dimension or name test, title)
+_METRIC_GROUPS = [  # (type, dimension or name, title)
     ("cpu", "CPUUtilization", "CPU utilization % (per core)"),
-    ("cpu", "I/OWaitPercentage", "I/O wait %"),
+    ("cpu", "I/OWaitPercentage", "I/O wait % (per core)"),
     ("gpu", "GPUUtilization", "GPU utilization %"),
     ("gpu", "GPUMemoryUtilization", "GPU memory utilization %"),
     ("memory", None, "Memory used %"),
@@ -259,11 +260,108 @@ def metric_group(type_: str, name: str, dimension: str) -> tuple[int, str]:
     return len(_METRIC_GROUPS), f"{type_} {dimension or name}".strip()
 
 
-def _series_label(node: str, name: str, dimension: str, title: str, multi_node: bool) -> str:
-    label = name if not dimension or dimension in title.replace(" ", "") else f"{name} ({dimension})"
-    if title.startswith("I/O wait"):
-        label = name
+def _series_label(node: str, name: str, dimension: str, multi_node: bool) -> str:
+    keyed_by_dimension = dimension and dimension not in ("CPUUtilization", "I/OWaitPercentage",
+                                                         "GPUUtilization", "GPUMemoryUtilization")
+    label = f"{name} ({dimension})" if keyed_by_dimension else name
     return f"{node} {label}" if multi_node else label
+
+
+def _window_span(window: Window) -> tuple[int, int] | None:
+    """The window's bounds; an unbounded side (None) ends where the data does."""
+    system, framework = window.system, window.framework
+    starts = [v for v in (system["timestamp_us"].min() if len(system) else None,
+                          framework["start_us"].min() if len(framework) else None) if v is not None]
+    ends = [v for v in (system["timestamp_us"].max() if len(system) else None,
+                        framework["end_us"].max() if len(framework) else None) if v is not None]
+    lo = window.start_us if window.start_us is not None else (min(starts) if starts else None)
+    hi = window.end_us if window.end_us is not None else (max(ends) if ends else None)
+    if lo is None or hi is None:
+        return None
+    return int(lo), int(max(hi, lo + 1))
+
+
+def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: str | None = None,
+                       uirevision: str | None = None, x_range: tuple[int, int] | None = None) -> dict:
+    """window_figure as a plain dict (what the dashboard sends; no plotly validation cost).
+
+    x_range: the time range shown, when the window holds a little more (the samples just
+    outside, so that metric lines cross a window narrower than the sampling interval).
+    """
+    span_us = x_range or _window_span(window)
+    if span_us is None:
+        return empty_figure_spec("Nothing recorded in this window")
+    lo, hi = span_us
+    system, framework = window.system, window.framework
+    series = []  # (order, title, label, x, y)
+    if len(system):
+        keys = ["node", "type", "name", "dimension"]
+        multi_node = system["node"].nunique() > 1
+        for (node, type_, name, dimension), part in system.groupby(keys, observed=True, sort=True):
+            order, group_title = metric_group(str(type_), str(name), str(dimension))
+            series.append((order, group_title, _series_label(str(node), str(name), str(dimension), multi_node),
+                           part["timestamp_us"].to_numpy(), part["value"].to_numpy()))
+    groups = sorted({(s[0], s[1]) for s in series})
+    rows = gantt_rows(framework) if len(framework) else GanttRows(np.array([], dtype="int64"), [])
+    if not groups and not rows.labels:
+        return empty_figure_spec("No system metrics or framework events in this window "
+                                 "(check the time range and the two filters)")
+
+    # Stack the subplots top to bottom: metric rows, then the Gantt; heights in pixels.
+    heights = [METRIC_ROW_PX] * len(groups) + ([40 + GANTT_ROW_PX * len(rows.labels)] if rows.labels else [])
+    titles = [g[1] for g in groups] + (["Framework events (phase · process)"] if rows.labels else [])
+    gap_px, top_px, legend_px = 34, 30, 48
+    bottom_px = legend_px + (40 if rows.labels else 0)
+    plot_px = sum(heights) + gap_px * (len(heights) - 1)
+    total_px = plot_px + top_px + bottom_px
+    layout = {"template": TEMPLATE, "height": total_px, "showlegend": bool(rows.labels),
+              "margin": {"l": 60, "r": 20, "t": top_px, "b": bottom_px}, "annotations": [],
+              "uirevision": uirevision}
+    if title:
+        layout["title"] = {"text": title}
+    axes = []
+    top = 1.0
+    for i, (height, subtitle) in enumerate(zip(heights, titles), 1):
+        bottom = top - height / plot_px
+        suffix = "" if i == 1 else str(i)
+        last = i == len(heights)
+        # Time labels on the bottom axis only: between subplots they would collide with titles.
+        layout[f"xaxis{suffix}"] = {"type": "date", "range": [lo / 1000.0, hi / 1000.0], "anchor": f"y{suffix}",
+                                    "showticklabels": last, "showspikes": True, "spikemode": "across",
+                                    "spikethickness": 1, "spikecolor": "#9ca3af",
+                                    **({"matches": "x"} if i > 1 else {})}
+        layout[f"yaxis{suffix}"] = {"domain": [max(0.0, bottom), top], "anchor": f"x{suffix}",
+                                    "rangemode": "tozero"}
+        layout["annotations"].append({"text": f"<b>{subtitle}</b>", "x": 0, "xref": "paper", "y": top,
+                                      "yref": "paper", "xanchor": "left", "yanchor": "bottom",
+                                      "showarrow": False, "font": {"size": 12, "color": "#374151"}})
+        axes.append((f"x{suffix}", f"y{suffix}"))
+        if last and rows.labels:  # the phase legend goes under the time axis
+            layout["legend"] = {"orientation": "h", "x": 0, "xanchor": "left", "y": -legend_px / plot_px,
+                                "yanchor": "top", "font": {"size": 11}}
+        top = bottom - gap_px / plot_px
+
+    data = []
+    system_budget = max_points // 2 if rows.labels else max_points
+    per_series = max(20, min(decimate.DEFAULT_BUCKETS, system_budget // (2 * max(1, len(series)))))
+    row_of = {g: i for i, g in enumerate(groups)}
+    color_index: dict[int, int] = {}
+    for order, group_title, label, x, y in series:
+        r = row_of[(order, group_title)]
+        keep = decimate.minmax_indices(x, y, per_series, lo, hi)
+        color = PALETTE[color_index.get(r, 0) % len(PALETTE)]
+        color_index[r] = color_index.get(r, 0) + 1
+        data.append({"type": "scatter", "x": typed_array(us_to_ms(x[keep])), "y": typed_array(y[keep]),
+                     "mode": "lines", "name": label, "xaxis": axes[r][0], "yaxis": axes[r][1],
+                     "line": {"width": 1.3, "color": color}, "showlegend": False,
+                     "hovertemplate": f"{label}: %{{y:.4g}}<extra>{group_title}</extra>"})
+    if rows.labels:
+        used = sum(len(t["x"]["bdata"]) * 3 // 4 // 8 for t in data)
+        data += framework_gantt(framework, rows, hi - lo, max(4_000, max_points - used), axes=axes[-1])
+        layout[f"yaxis{len(heights) if len(heights) > 1 else ''}"].update(
+            tickvals=list(range(len(rows.labels))), ticktext=rows.labels, showgrid=False,
+            range=[len(rows.labels) - 0.5, -0.5], fixedrange=True, rangemode="normal")
+    return {"data": data, "layout": layout}
 
 
 def window_figure(window: Window, *, max_points: int = MAX_POINTS, title: str | None = None) -> go.Figure:
@@ -271,66 +369,7 @@ def window_figure(window: Window, *, max_points: int = MAX_POINTS, title: str | 
     core, I/O wait, GPU, GPU memory, memory, I/O, network), then the framework events as a
     Gantt by phase and process. X axes are shared and span exactly the window.
     """
-    system, framework = window.system, window.framework
-    lo, hi = window.start_us, window.end_us
-    if not lo and not hi:  # an unbounded window: the data's own span
-        times = [v for v in (system["timestamp_us"].min() if len(system) else None,
-                             framework["start_us"].min() if len(framework) else None) if v is not None]
-        ends = [v for v in (system["timestamp_us"].max() if len(system) else None,
-                            framework["end_us"].max() if len(framework) else None) if v is not None]
-        if not times:
-            return empty_figure("Nothing recorded in this window")
-        lo, hi = int(min(times)), int(max(ends))
-    span = max(hi - lo, 1)
-
-    series = []  # (order, title, label, x, y)
-    if len(system):
-        keys = ["node", "type", "name", "dimension"]
-        multi_node = system["node"].nunique() > 1
-        for (node, type_, name, dimension), part in system.groupby(keys, observed=True, sort=True):
-            order, group_title = metric_group(str(type_), str(name), str(dimension))
-            series.append((order, group_title, _series_label(str(node), str(name), str(dimension),
-                                                             group_title, multi_node),
-                           part["timestamp_us"].to_numpy(), part["value"].to_numpy()))
-    groups = sorted({(s[0], s[1]) for s in series})
-    rows = gantt_rows(framework) if len(framework) else GanttRows(np.array([], dtype="int64"), [])
-    if not groups and not rows.labels:
-        return empty_figure("No system metrics or framework events in this window "
-                            "(check the time range and the two filters)")
-
-    gantt_px = 40 + GANTT_ROW_PX * len(rows.labels) if rows.labels else 0
-    heights = [METRIC_ROW_PX] * len(groups) + ([gantt_px] if gantt_px else [])
-    total = sum(heights) + 40 * len(heights) + 60
-    titles = [g[1] for g in groups] + (["Framework events (phase · process)"] if gantt_px else [])
-    fig = make_subplots(rows=len(heights), cols=1, shared_xaxes=True, row_heights=heights,
-                        vertical_spacing=min(40 / total, 1 / max(1, len(heights) - 1) * 0.9),
-                        subplot_titles=titles)
-    system_budget = max_points // 2 if rows.labels else max_points
-    per_series = max(20, min(decimate.DEFAULT_BUCKETS, system_budget // (2 * max(1, len(series)))))
-    row_of = {g: i + 1 for i, g in enumerate(groups)}
-    color_index: dict[int, int] = {}
-    for order, group_title, label, x, y in series:
-        r = row_of[(order, group_title)]
-        keep = decimate.minmax_indices(x, y, per_series, lo, hi)
-        color = PALETTE[color_index.get(r, 0) % len(PALETTE)]
-        color_index[r] = color_index.get(r, 0) + 1
-        fig.add_trace(go.Scatter(x=us_to_ms(x[keep]), y=y[keep], mode="lines", name=label,
-                                 legendgroup=group_title, line={"width": 1.3, "color": color},
-                                 showlegend=False,
-                                 hovertemplate=f"{label}: %{{y:.4g}}<extra>{group_title}</extra>"),
-                      row=r, col=1)
-    if rows.labels:
-        gantt_row = len(heights)
-        budget = max_points - _n_points(fig)
-        _add_framework_gantt(fig, framework, rows, span, budget, row=gantt_row)
-        fig.update_yaxes(tickvals=list(range(len(rows.labels))), ticktext=rows.labels,
-                         range=[len(rows.labels) - 0.5, -0.5], fixedrange=True, showgrid=False,
-                         automargin=True, row=gantt_row, col=1)
-    fig.update_xaxes(type="date", range=[lo / 1000.0, hi / 1000.0], showticklabels=True)
-    fig.update_annotations(font={"size": 12, "color": "#374151"}, xanchor="left", x=0)
-    _layout(fig, total, showlegend=bool(rows.labels), margin={"l": 60, "r": 20, "t": 50, "b": 40},
-            title={"text": title} if title else None)
-    return fig
+    return go.Figure(window_figure_spec(window, max_points=max_points, title=title))
 
 
 # --- the overview of the whole job -----------------------------------------------------------
@@ -344,7 +383,7 @@ class OverviewSeries:
     cpu_y: np.ndarray  # mean CPU utilization over cores and nodes, %
     gpu_x: np.ndarray
     gpu_y: np.ndarray
-    getnext_x: np.ndarray  # GetNext starts, epoch us
+    getnext_x: np.ndarray  # GetNext starts, epoch us, sorted
     getnext_y: np.ndarray  # durations, ms
 
 
@@ -376,40 +415,45 @@ def _refined(x: np.ndarray, y: np.ndarray, span: tuple[int, int], window: tuple[
     return keep
 
 
-def overview_figure(series: OverviewSeries, window: tuple[int, int] | None = None,
-                    uirevision: str = "overview", buckets: int = decimate.DEFAULT_BUCKETS) -> go.Figure:
+def overview_figure_spec(series: OverviewSeries, window: tuple[int, int] | None = None,
+                         uirevision: str = "overview", buckets: int = decimate.DEFAULT_BUCKETS) -> dict:
     """The whole job: mean CPU (and GPU) utilization and GetNext durations over time, with a
-    range slider. Its x range is the window; dragging on it (zoom, box select or slider)
-    chooses a new one.
+    range slider. Its x range is the window; dragging on it (zoom, box select or the
+    slider) chooses a new one.
     """
     span = (series.start_us, series.end_us)
-    fig = go.Figure()
-    for x, y, name, color in ((series.cpu_x, series.cpu_y, "CPU % (mean)", "#94a3b8"),
-                              (series.gpu_x, series.gpu_y, "GPU % (mean)", "#16a34a")):
+    data = []
+    for x, y, name, color, fill in ((series.cpu_x, series.cpu_y, "CPU % (mean)", "#94a3b8", "tozeroy"),
+                                    (series.gpu_x, series.gpu_y, "GPU % (mean)", "#16a34a", "none")):
         if len(x):
             keep = _refined(x, y, span, window, buckets)
-            fig.add_trace(go.Scatter(x=us_to_ms(x[keep]), y=y[keep], name=name, mode="lines",
-                                     line={"width": 1, "color": color}, fill="tozeroy" if "CPU" in name else None,
-                                     fillcolor="rgba(148,163,184,0.25)",
-                                     hovertemplate="%{y:.1f} %<extra>" + name + "</extra>"))
+            data.append({"type": "scatter", "x": typed_array(us_to_ms(x[keep])), "y": typed_array(y[keep]),
+                         "name": name, "mode": "lines", "line": {"width": 1, "color": color}, "fill": fill,
+                         "fillcolor": "rgba(148,163,184,0.25)",
+                         "hovertemplate": "%{y:.1f} %<extra>" + name + "</extra>"})
     if len(series.getnext_x):
         keep = _refined(series.getnext_x, series.getnext_y, span, window, buckets)
-        fig.add_trace(go.Scatter(x=us_to_ms(series.getnext_x[keep]), y=series.getnext_y[keep],
-                                 name="GetNext (ms)", mode="markers", yaxis="y2",
-                                 marker={"size": 4, "color": "#2563eb", "opacity": 0.7},
-                                 hovertemplate="GetNext %{y:.3f} ms<extra></extra>"))
+        data.append({"type": "scatter", "x": typed_array(us_to_ms(series.getnext_x[keep])),
+                     "y": typed_array(series.getnext_y[keep]), "name": "GetNext (ms)", "mode": "markers",
+                     "yaxis": "y2", "marker": {"size": 4, "color": "#2563eb", "opacity": 0.7},
+                     "hovertemplate": "GetNext %{y:.3f} ms<extra></extra>"})
+    if not data:
+        return empty_figure_spec("No events or metrics in this trial")
     lo, hi = window if window is not None else span
-    fig.update_layout(
-        xaxis={"type": "date", "range": [lo / 1000.0, hi / 1000.0],
-               "rangeslider": {"visible": True, "thickness": 0.18,
-                               "range": [series.start_us / 1000.0, series.end_us / 1000.0]}},
-        yaxis={"title": {"text": "utilization %"}, "fixedrange": True, "range": [0, 105]},
-        yaxis2={"title": {"text": "GetNext ms"}, "type": "log", "overlaying": "y", "side": "right",
-                "fixedrange": True, "showgrid": False},
-        dragmode="zoom", selectdirection="h", uirevision=uirevision)
-    if not fig.data:
-        return empty_figure("No events or metrics in this trial")
-    return _layout(fig, 300, margin={"l": 60, "r": 60, "t": 30, "b": 20})
+    layout = {
+        "template": TEMPLATE, "height": 300, "margin": {"l": 60, "r": 60, "t": 30, "b": 20},
+        "xaxis": {"type": "date", "range": [lo / 1000.0, hi / 1000.0],
+                  "rangeslider": {"visible": True, "thickness": 0.18,
+                                  "range": [series.start_us / 1000.0, series.end_us / 1000.0]}},
+        "yaxis": {"title": {"text": "utilization %"}, "fixedrange": True, "range": [0, 105]},
+        "yaxis2": {"title": {"text": "GetNext ms"}, "type": "log", "overlaying": "y", "side": "right", "dtick": 1,
+                   "fixedrange": True, "showgrid": False},
+        "dragmode": "zoom", "selectdirection": "h", "uirevision": uirevision}
+    return {"data": data, "layout": layout}
+
+
+def overview_figure(series: OverviewSeries, window: tuple[int, int] | None = None) -> go.Figure:
+    return go.Figure(overview_figure_spec(series, window))
 
 
 # --- the four panels -------------------------------------------------------------------------
@@ -463,10 +507,10 @@ def workers_figure(workers: DurationStats) -> go.Figure:
         key = pd.MultiIndex.from_frame(workers.outliers[["start_us", "end_us", "pid"]].astype("float64"))
         mine = pd.MultiIndex.from_frame(events[["start_us", "end_us", "pid"]].astype("float64"))
         outlier = mine.isin(key).astype("int8")
-    fig = go.Figure()
-    _gantt_traces(fig, events["start_us"].to_numpy(), events["end_us"].to_numpy(), rows.row, outlier,
-                  ["worker", "outlier"], [PHASE_COLORS[fmt.PHASE_WORKER], OUTLIER_COLOR],
-                  _event_hover(events), gap_us=span / decimate.DEFAULT_BUCKETS, line_px=10)
+    fig = go.Figure(_gantt_traces(events["start_us"].to_numpy(), events["end_us"].to_numpy(), rows.row,
+                                  outlier, ["worker", "outlier"], [PHASE_COLORS[fmt.PHASE_WORKER], OUTLIER_COLOR],
+                                  _event_hover(events), gap_us=max(span, 1) / decimate.DEFAULT_BUCKETS,
+                                  line_px=10))
     fig.update_xaxes(type="date")
     fig.update_yaxes(tickvals=list(range(len(rows.labels))),
                      ticktext=[label.replace(f"{fmt.PHASE_WORKER} · ", "") for label in rows.labels],
@@ -480,20 +524,23 @@ def getnext_histogram(getnext: DurationStats, outlier_factor: float) -> go.Figur
     if len(durations) == 0:
         return empty_figure("No GetNext calls recorded")
     edges, counts = decimate.log_histogram(durations)
-    fig = go.Figure(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, width=np.diff(edges),
+    fig = go.Figure(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, width=np.diff(edges), name="calls",
                            marker={"color": "#2563eb", "line": {"width": 0}},
                            customdata=np.stack([edges[:-1], edges[1:]], axis=1),
                            hovertemplate="%{customdata[0]:,.0f}–%{customdata[1]:,.0f} us: %{y} calls"
                                          "<extra></extra>"))
     if getnext.median_us:
+        top = float(counts.max()) * 1.05
         for value, label, dash in ((getnext.median_us, "median", "solid"),
-                                   (getnext.median_us * outlier_factor, f"{outlier_factor:g}× median", "dot")):
-            fig.add_vline(x=value, line={"color": OUTLIER_COLOR if dash == "dot" else "#111827",
-                                         "dash": dash, "width": 1.5},
-                          annotation_text=label, annotation_position="top")
+                                   (getnext.median_us * outlier_factor, f"outlier threshold ({outlier_factor:g}× median)",
+                                    "dot")):
+            fig.add_trace(go.Scatter(x=[value, value], y=[0, top], mode="lines", name=label,
+                                     line={"color": OUTLIER_COLOR if dash == "dot" else "#111827", "dash": dash,
+                                           "width": 1.5},
+                                     hovertemplate=f"{label}: {value:,.0f} us<extra></extra>"))
     fig.update_xaxes(type="log", title={"text": "GetNext duration (us, log scale)"})
     fig.update_yaxes(title={"text": "calls"})
-    return _layout(fig, 280, bargap=0, showlegend=False)
+    return _layout(fig, 280, bargap=0)
 
 
 def getnext_timeline(getnext: DurationStats, outlier_factor: float) -> go.Figure:
@@ -515,13 +562,19 @@ def getnext_timeline(getnext: DurationStats, outlier_factor: float) -> go.Figure
                                    marker={"size": 4, "color": PALETTE[i % len(PALETTE)]},
                                    hovertemplate="%{y:.3f} ms<extra>" + label + "</extra>"))
     if getnext.median_us:
-        fig.add_hline(y=getnext.median_us * outlier_factor / 1000.0,
-                      line={"color": OUTLIER_COLOR, "dash": "dot", "width": 1.2},
-                      annotation_text=f"outlier threshold ({outlier_factor:g}× median)",
-                      annotation_position="top left")
+        _add_level(fig, x_all, getnext.median_us * outlier_factor / 1000.0,
+                   f"outlier threshold ({outlier_factor:g}× median)", OUTLIER_COLOR, "dot")
     fig.update_xaxes(type="date")
     fig.update_yaxes(type="log", title={"text": "GetNext ms"})
     return _layout(fig, 280)
+
+
+def _add_level(fig: go.Figure, x_us: np.ndarray, level: float, label: str, color: str, dash: str) -> None:
+    """A horizontal reference line across the data, as a trace (it works on log axes too)."""
+    ends = us_to_ms([x_us.min(), x_us.max()])
+    fig.add_trace(go.Scatter(x=ends, y=[level, level], mode="lines", name=label,
+                             line={"color": color, "dash": dash, "width": 1.5},
+                             hovertemplate=f"{label}<extra></extra>"))
 
 
 def batchtime_figure(batch: BatchTimeResult) -> go.Figure:
@@ -542,8 +595,7 @@ def batchtime_figure(batch: BatchTimeResult) -> go.Figure:
                                            "line": {"width": 2}},
                                    hovertemplate="outlier %{y:.4f} s<extra></extra>"))
     if batch.median_s is not None:
-        fig.add_hline(y=batch.median_s, line={"color": "#111827", "width": 1.5},
-                      annotation_text=f"median {batch.median_s:.4f} s", annotation_position="top left")
+        _add_level(fig, x, batch.median_s, f"median {batch.median_s:.4f} s", "#111827", "solid")
     fig.update_xaxes(type="date")
     fig.update_yaxes(title={"text": "BatchTime (s)"}, rangemode="tozero")
     return _layout(fig, 280)

@@ -1,0 +1,352 @@
+"""PyTorch profiler (Kineto) traces -> canonical framework rows.
+
+A `torch.profiler` trace (`*.pt.trace.json`, `.pt.trace.json.gz`; one file per rank and
+profiling cycle, as `tensorboard_trace_handler` writes them) is one JSON object whose
+`traceEvents` are mostly `cpu_op` / `python_function` events: hundreds of MB that the
+DataLoader analysis does not need. So the file is never parsed whole: the bytes are
+scanned for the few events that matter and only those event objects are parsed.
+
+Kept events, and what they become (so the existing `classify` and analyses apply):
+
+| Kineto event (`ph` X, CPU side)                     | phase                 | kind    |
+|-----------------------------------------------------|-----------------------|---------|
+| `enumerate(DataLoader)#<IterClass>.__next__`        | `DataLoaderIter`      | getnext |
+| `enumerate(DataPipe)#<Pipe>` (torch < 2.x), outermost only | `DataLoaderIter` | getnext |
+| `ProfilerStep#<N>`                                  | `Step:ModeKeys.TRAIN` | step    |
+
+- Times: wall clock = `baseTimeNanoseconds` + `ts` (float microseconds); traces without
+  `baseTimeNanoseconds` must carry absolute `ts` (older Kineto did).
+- Node id: `<rank>-<host>`, the reference's `<rank>-algo-<N>` convention: rank from
+  `distributedInfo` (0 when the job was not distributed), host from the trace's
+  `host_name` (on SageMaker that is `algo-N`, so the node joins that host's system
+  metrics), `algo-1` when the trace names no host.
+- `ProfilerStep#N` marks are taken as training steps: `prof.step()` is called from the
+  training loop.
+- Kineto records no iterator creation, no worker processes and no worker ids
+  (`NOT_RECORDED`): worker_id is -1 for `_SingleProcessDataLoaderIter` and unknown (null)
+  otherwise; num_workers is 0 for `_SingleProcessDataLoaderIter`, unknown otherwise.
+- iterator_id numbers the recording window (one file), since Kineto has no iterator
+  identity: batches of different profiling cycles are never joined into one batch time.
+- DataPipe events nest (every pipe of a chain records its own `__next__`) and run inside
+  a single-process DataLoader's `__next__`: only events not nested in another kept
+  event of the same thread are kept, so no wait is counted twice. torch 2.x names pipe
+  events `<Pipe>(<args>)`, which cannot be told from other annotations; they are not kept.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import re
+import zlib
+from typing import Iterator
+
+import orjson
+import pyarrow as pa
+
+from .. import format as fmt
+from .frames import FRAMEWORK_ARROW_SCHEMA
+from .smdebug_format import ParsedFile
+
+KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
+# What a Kineto trace does not record, by the names the report uses.
+NOT_RECORDED = ("initialization", "workers", "worker_id")
+DEFAULT_HOST = "algo-1"
+
+GETNEXT_PREFIXES = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
+STEP_PREFIX = "ProfilerStep#"
+SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
+
+# `"name": "<prefix>` of a kept event; JSON allows whitespace around the colon.
+_CANDIDATE_RE = re.compile(rb'"name"\s*:\s*"(?:enumerate\(Data(?:Loader|Pipe)\)#|ProfilerStep#)')
+_BASE_TIME_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+_HOST_RE = re.compile(rb'"host_name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_DIST_RE = re.compile(rb'"distributedInfo"\s*:\s*\{')
+_TRACE_EVENTS = b'"traceEvents"'
+# Decompressed bytes scanned at a time: bounds the memory of a .gz trace.
+CHUNK_BYTES = 8 << 20
+# Header and trailer (the top-level fields around traceEvents) looked at for metadata.
+_EDGE_BYTES = 1 << 20
+# An event object larger than this is not one of ours (ours are a few hundred bytes).
+_MAX_EVENT_BYTES = 1 << 16
+# ts below this (microseconds) is relative to baseTimeNanoseconds (1e14 us is 1973).
+_ABSOLUTE_TS_US = 1e14
+
+
+def is_kineto_key(key: str) -> bool:
+    return KINETO_FILE_RE.search(key) is not None
+
+
+def node_id(rank: int, host: str | None) -> str:
+    """`<rank>-<host>`: the reference's `<rank>-algo-<N>` when the host is a SageMaker one."""
+    return f"{rank}-{host or DEFAULT_HOST}"
+
+
+def recording_id(key: str) -> int:
+    """A stable id per trace file (one recording window), for the iterator_id column."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=7).digest(), "big")
+
+
+def _object_at(buf: bytes, start: int, after: int):
+    """(object, end) of the JSON object starting at buf[start] ('{').
+
+    Tries each closing brace after `after` until the slice parses: Kineto writes `args`
+    last, so the event's own brace is usually the second one. Returns (None, None) when
+    the buffer ends first (more bytes are needed, or the file ends in the object) and
+    (None, after) for a bad object.
+    """
+    end = after
+    while True:
+        end = buf.find(b"}", end)
+        if end < 0:
+            return None, None
+        if end - start > _MAX_EVENT_BYTES:
+            return None, after
+        end += 1
+        try:
+            obj = orjson.loads(buf[start:end])
+        except orjson.JSONDecodeError:
+            continue
+        return (obj if isinstance(obj, dict) else None), end
+
+
+def _as_int(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if -2**63 <= value < 2**63 else None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _as_float(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    return None
+
+
+class _Scanner:
+    """Scans a trace's bytes (whole, or decompressed chunk by chunk) for kept events."""
+
+    def __init__(self):
+        self.events: list[tuple] = []  # (name, pid, tid, ts, dur)
+        self.bad = 0  # candidate events that are not valid events
+        self.head = b""
+        self.tail = b""
+        self.stream_error: str | None = None  # the gzip stream broke off
+
+    def feed(self, buf: bytes, offset: int, resume: int, final: bool) -> tuple[int, int]:
+        """Scans buf (the stream's bytes from `offset` on) from stream offset `resume`.
+
+        Returns (keep_from, resume): bytes of buf from keep_from on must be scanned again
+        with the next chunk (an event cut by the chunk's end, or room to look back for the
+        start of one), and the stream offset from which the next scan looks for names.
+        """
+        for match in _CANDIDATE_RE.finditer(buf, max(0, resume - offset)):
+            start = buf.rfind(b"{", 0, match.start())
+            if start < 0:
+                self.bad += 1
+                continue
+            obj, end = _object_at(buf, start, match.end())
+            if end is None:  # the event continues in the next chunk, or the file ends in it
+                if final:
+                    break
+                return start, offset + start
+            resume = offset + end
+            if obj is None:
+                self.bad += 1
+                continue
+            self._take(obj)
+        if final:
+            return len(buf), offset + len(buf)
+        # A name cut by the chunk's end is found again; its event's start is looked up in
+        # the bytes kept before it.
+        return max(0, len(buf) - _MAX_EVENT_BYTES), max(resume, offset + len(buf) - 64)
+
+    def _take(self, obj: dict) -> None:
+        name, cat = obj.get("name"), obj.get("cat")
+        if obj.get("ph") != "X" or not isinstance(name, str):
+            return  # flow or instant events carry the name too
+        if isinstance(cat, str) and cat.startswith("gpu_"):
+            return  # the GPU-side copy of an annotation (gpu_user_annotation)
+        ts, dur = _as_float(obj.get("ts")), _as_float(obj.get("dur"))
+        if ts is None or dur is None or dur < 0:
+            self.bad += 1
+            return
+        tid = obj.get("tid")
+        self.events.append((name, _as_int(obj.get("pid")), tid if isinstance(tid, (int, str)) else None,
+                            ts, dur))
+
+
+def _chunks(data: bytes, gz: bool) -> Iterator[bytes]:
+    if gz:
+        yield from _gunzip(data)
+    else:
+        yield data
+
+
+def _gunzip(data: bytes) -> Iterator[bytes]:
+    """The decompressed bytes of a gzip file (members concatenated), CHUNK_BYTES at most at a
+    time. A stream that breaks off raises EOFError after yielding all it had; a file that is
+    not gzip raises zlib.error before yielding anything."""
+    view = memoryview(data)
+    step = max(1, CHUNK_BYTES // 8)
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    for pos in range(0, len(view), step):
+        pending = view[pos:pos + step]
+        while pending:
+            out = inflater.decompress(pending, CHUNK_BYTES)
+            if out:
+                yield out
+            if inflater.eof:  # a member ends; another may follow
+                pending = inflater.unused_data
+                if pending:
+                    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            else:
+                pending = inflater.unconsumed_tail
+    if not inflater.eof:
+        raise EOFError("compressed file ended before the end-of-stream marker was reached")
+
+
+def _scan(data: bytes, gz: bool) -> _Scanner:
+    """Scans the trace; a gzip stream that breaks off mid-way keeps what came before it."""
+    scanner = _Scanner()
+    carry, offset, resume = b"", 0, 0
+    chunks = _chunks(data, gz)
+    pending = next(chunks, b"")  # a file that is not gzip at all raises here
+    while True:
+        try:
+            following = next(chunks, None)
+        except (OSError, EOFError, zlib.error) as exc:
+            following, scanner.stream_error = None, str(exc)
+        final = following is None
+        if len(scanner.head) < _EDGE_BYTES:
+            scanner.head += pending[:_EDGE_BYTES - len(scanner.head)]
+        scanner.tail = (scanner.tail + pending)[-_EDGE_BYTES:] if len(pending) < _EDGE_BYTES else \
+            pending[-_EDGE_BYTES:]
+        buf = carry + pending if carry else pending
+        keep_from, resume = scanner.feed(buf, offset, resume, final)
+        if final:
+            return scanner
+        carry = buf[keep_from:]
+        offset += keep_from
+        pending = following
+
+
+def _metadata(scanner: _Scanner) -> tuple[int | None, int, str | None, str | None]:
+    """(base_ns, rank, host, error) from the top-level fields around traceEvents."""
+    head, tail = scanner.head, scanner.tail
+    cut = head.find(_TRACE_EVENTS)
+    if cut < 0:
+        return None, 0, None, "not a PyTorch profiler trace (no traceEvents)"
+    edges = (head[:cut], tail)
+    base_ns = rank = host = None
+    for edge in edges:
+        found = _BASE_TIME_RE.search(edge)
+        if base_ns is None and found:
+            base_ns = int(found.group(1))
+        found = _HOST_RE.search(edge)
+        if host is None and found:
+            try:
+                host = orjson.loads(found.group(1))
+            except orjson.JSONDecodeError:
+                host = None
+        found = _DIST_RE.search(edge)
+        if rank is None and found:
+            info, _ = _object_at(edge, found.end() - 1, found.end())
+            rank = _as_int(info.get("rank")) if isinstance(info, dict) else None
+    host = host if isinstance(host, str) and host.strip() else None
+    return base_ns, rank or 0, host, None
+
+
+def _outermost(events: list[tuple]) -> tuple[list[tuple], int]:
+    """Drops GetNext events nested in another of the same thread; returns (kept, dropped)."""
+    kept, dropped = [], 0
+    open_until: dict = {}
+    for event in sorted(events, key=lambda e: (e[3], -e[4])):
+        name, pid, tid, ts, dur = event
+        if name.startswith(STEP_PREFIX):
+            kept.append(event)
+            continue
+        thread = (pid, tid)
+        if ts < open_until.get(thread, -math.inf):
+            dropped += 1
+            continue
+        open_until[thread] = ts + dur
+        kept.append(event)
+    return kept, dropped
+
+
+def parse_kineto_file(data: bytes, key: str) -> ParsedFile:
+    """Canonical framework rows (FRAMEWORK_ARROW_SCHEMA) of one Kineto trace file.
+
+    `data` is the file as stored (gzip-compressed when `key` ends with .gz).
+    """
+    gz = key.endswith(".gz")
+    try:
+        scanner = _scan(data, gz)
+    except (OSError, EOFError, zlib.error) as exc:
+        return ParsedFile(None, error=f"not a valid gzip file ({exc})")
+    if not scanner.head.strip():
+        return ParsedFile(None, error="empty file")
+    base_ns, rank, host, error = _metadata(scanner)
+    if error:
+        return ParsedFile(None, error=error)
+    problems: list[str] = []
+    skipped = scanner.bad
+    if scanner.bad:
+        problems.append(f"{scanner.bad} DataLoader/step event(s) are not valid events")
+    if scanner.stream_error:
+        skipped += 1
+        problems.append(f"the gzip stream breaks off ({scanner.stream_error}): events after it are lost")
+    elif not scanner.tail.rstrip().endswith(b"}"):
+        skipped += 1
+        problems.append("the trace ends early (truncated?): events after the last complete one are lost")
+    events, _nested = _outermost(scanner.events)
+    if not events:
+        return ParsedFile(None, skipped, problems)
+    if base_ns is None:
+        if min(e[3] for e in events) < _ABSOLUTE_TS_US:
+            return ParsedFile(None, skipped, problems,
+                              "no baseTimeNanoseconds: event times cannot be placed")
+        base_ns = 0
+
+    node = node_id(rank, host)
+    recording = recording_id(key)
+    steps = sorted((e[3], e[3] + e[4], _as_int(e[0][len(STEP_PREFIX):])) for e in events
+                   if e[0].startswith(STEP_PREFIX))
+    columns = {f.name: [] for f in FRAMEWORK_ARROW_SCHEMA}
+    for name, pid, _tid, ts, dur in events:
+        start_ns = base_ns + round(ts * 1000)
+        start_us = (start_ns + 500) // 1000
+        end_us = (start_ns + round(dur * 1000) + 500) // 1000
+        is_step = name.startswith(STEP_PREFIX)
+        if is_step:
+            phase, step, worker_id, num_workers = fmt.PHASE_STEP_TRAIN, _as_int(name[len(STEP_PREFIX):]), None, None
+        else:
+            single = SINGLE_PROCESS_ITER in name
+            phase = fmt.PHASE_ITER
+            step = _containing_step(steps, ts)
+            worker_id, num_workers = (-1, 0) if single else (None, None)
+        columns["node"].append(node)
+        columns["pid"].append(pid)
+        columns["phase"].append(phase)
+        columns["name"].append(name)
+        columns["start_us"].append(start_us)
+        columns["end_us"].append(end_us)
+        columns["worker_id"].append(worker_id)
+        columns["num_workers"].append(num_workers)
+        columns["pin_memory"].append(None)
+        columns["step"].append(step)
+        columns["iterator_id"].append(recording)
+    return ParsedFile(pa.Table.from_pydict(columns, schema=FRAMEWORK_ARROW_SCHEMA), skipped, problems)
+
+
+def _containing_step(steps: list[tuple], ts: float) -> int | None:
+    """N of the ProfilerStep#N that contains time ts (steps sorted by start), else None."""
+    at = bisect.bisect_right(steps, (ts, math.inf, math.inf)) - 1
+    if at >= 0 and steps[at][0] <= ts < steps[at][1]:
+        return steps[at][2]
+    return None

@@ -1,0 +1,138 @@
+"""Loaded trials, cached on disk (shared by every server process) and in memory.
+
+A trial is cached under a key made of its path and the fingerprint of its listing
+(each file's key, size and ETag or mtime). A load lists the trial first: an unchanged
+trial is served from the cache at once; a trial that changed (a running job wrote or
+rotated files) has a new key and is read again, so it is never served stale. Only
+complete loads are stored; a load that fails raises before anything is written.
+
+The cache folder holds pickles: it must be private to the server (the default is under
+the user's cache directory, created with mode 0700).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+import diskcache
+
+from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
+from ..analysis import dataloader
+from ..trial.errors import NotATrialError
+from ..trial.load import Trial, load_trial
+from ..trial.store import fingerprint, open_store
+
+TRIALS_FOLDER = "trials"
+JOBS_FOLDER = "jobs"
+MEMORY_ITEMS = 8
+
+Progress = Callable[[int, int], None]
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dataloader-dashboard")
+
+
+def trial_key(path: str, listing_fingerprint: str) -> str:
+    return hashlib.sha256(f"{path}\0{listing_fingerprint}".encode()).hexdigest()[:32]
+
+
+class _Memory:
+    """A small LRU of objects this process already unpickled or computed."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        return None
+
+    def put(self, key, value):
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+class TrialCache:
+    """Trials and their analyses by key: memory, then the shared disk cache."""
+
+    def __init__(self, directory: str, size_limit_mb: int = 2048):
+        self.directory = directory
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.disk = diskcache.Cache(os.path.join(directory, TRIALS_FOLDER),
+                                    size_limit=int(size_limit_mb) * 2**20,
+                                    eviction_policy="least-recently-used")
+        self.memory = _Memory(MEMORY_ITEMS)
+
+    def _get(self, key: str):
+        value = self.memory.get(key)
+        if value is None:
+            value = self.disk.get(key)
+            if value is not None:
+                self.memory.put(key, value)
+        return value
+
+    def _put(self, key: str, value) -> None:
+        self.disk.set(key, value)
+        self.memory.put(key, value)
+
+    def trial(self, key: str) -> Trial | None:
+        """A loaded trial by key, or None when it is not (or no longer) cached."""
+        return self._get(f"trial:{key}")
+
+    def load(self, path: str, *, roots: Sequence[str] | None = None,
+             s3_buckets: Sequence[str] | None = None, on_progress: Progress | None = None,
+             on_listed: Callable[[int], None] | None = None) -> tuple[str, Trial, bool]:
+        """(key, trial, from_cache) for a trial path; TrialError when it cannot be read.
+
+        Lists the trial, then reads it only when this listing was not loaded before.
+        A trial without a single event is refused (NotATrialError), not cached.
+        """
+        store = open_store(path, roots=roots, s3_buckets=s3_buckets)
+        files = store.list()
+        if on_listed is not None:
+            on_listed(len(files))
+        key = trial_key(path, fingerprint(files))
+        cached = self.trial(key)
+        if cached is not None:
+            return key, cached, True
+        trial = load_trial(path, store=store, files=files, on_progress=on_progress)
+        if trial.framework.empty and trial.system.empty:
+            reasons = sorted({s.reason for s in trial.report.files_skipped})
+            raise NotATrialError(
+                f"{path}: the trial holds no events: {trial.report.files_read} file(s) read, "
+                f"{len(trial.report.files_skipped)} skipped" + (f" ({'; '.join(reasons[:3])})" if reasons else ""))
+        self._put(f"trial:{key}", trial)
+        return key, trial, False
+
+    def analysis(self, key: str, trial: Trial, node: str | None = None,
+                 factor: float = DEFAULT_OUTLIER_FACTOR) -> DataLoaderAnalysis:
+        """The DataLoader analysis of a cached trial (or of one node of it), computed once."""
+        name = f"analysis:{key}:{node or ''}:{factor:g}"
+        result = self._get(name)
+        if result is None:
+            result = dataloader.analyze(trial.for_node(node).framework, factor)
+            self._put(name, result)
+        return result
+
+    def memo(self, name: str, compute: Callable[[], object]):
+        """An object derived from cached data, kept in this process's memory only."""
+        value = self.memory.get(name)
+        if value is None:
+            value = compute()
+            self.memory.put(name, value)
+        return value
+
+    def close(self) -> None:
+        self.disk.close()

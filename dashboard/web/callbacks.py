@@ -1,0 +1,279 @@
+"""The callbacks: parse inputs, call the library (views, cache), return figures and text.
+
+Flow: the URL or a button makes a load request; a background callback loads the trial
+(into the shared cache) with a progress bar; the trial's key goes to the browser, and
+the panels and the window are drawn from the cached trial. The window lives in a store
+that drags, outlier clicks and loads set; the URL follows the trial and the window.
+
+No exception reaches the browser: a trial that cannot be read gets its message in
+`error-message`, any other failure is logged and summarised in the page.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+from urllib.parse import parse_qs
+
+from dash import Input, Output, State, ctx, no_update
+
+from ..trial.errors import TrialError
+from . import views
+from .cache import TrialCache
+from .layout import OUTLIER_TABLES, Ids, summary_component
+
+log = logging.getLogger("dashboard.web")
+
+PROGRESS_EVERY_S = 0.2
+EVICTED = "This trial is no longer in the server's cache: press Load to read it again."
+
+
+class TrialEvicted(Exception):
+    pass
+
+
+@dataclass
+class Context:
+    """What the callbacks need from the server's options."""
+    cache: TrialCache
+    default_trial: str
+    roots: Sequence[str]
+    s3_buckets: Sequence[str] | None = None
+
+
+def _unexpected(what: str, exc: BaseException) -> str:
+    log.exception("%s failed", what)
+    return f"{what} failed ({type(exc).__name__}); the details are in the server log."
+
+
+def get_view(context: Context, key: str, node: str | None) -> views.TrialView:
+    """The view of a cached trial for a node, built once per process."""
+    node = node or None
+
+    def build():
+        trial = context.cache.trial(key)
+        if trial is None:
+            raise TrialEvicted(key)
+        analysis = context.cache.analysis(key, trial, node)
+        return views.trial_view(trial, node, analysis=analysis, key=key)
+
+    return context.cache.memo(f"view:{key}:{node or ''}", build)
+
+
+def _query(search: str | None) -> dict:
+    return {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+
+
+def register_callbacks(app, context: Context) -> None:
+    @app.callback(Output(Ids.LOAD_REQUEST, "data"), Output(Ids.TRIAL_PATH, "value"),
+                  Input(Ids.URL, "search"), Input(Ids.LOAD, "n_clicks"), Input(Ids.REFRESH, "n_clicks"),
+                  Input(Ids.TRIAL_PATH, "n_submit"),
+                  State(Ids.TRIAL_PATH, "value"), State(Ids.TRIAL_STORE, "data"))
+    def request_load(search, _load, _refresh, _submit, typed, current):
+        trigger = ctx.triggered_id
+        if trigger in (None, Ids.URL):  # the page was opened (or history moved): the URL's state
+            query = _query(search)
+            path = query.get("trial") or context.default_trial
+            start, end = views.parse_time_us(query.get("start")), views.parse_time_us(query.get("end"))
+            window = [start, end] if start is not None and end is not None and end > start else None
+            return {"path": path, "window": window, "node": query.get("node", ""), "nonce": time.time()}, path
+        if trigger == Ids.REFRESH and current and current.get("path"):
+            return {"path": current["path"], "refresh": True, "nonce": time.time()}, no_update
+        return {"path": (typed or "").strip(), "nonce": time.time()}, no_update
+
+    @app.callback(Output(Ids.TRIAL_STORE, "data"), Output(Ids.ERROR, "children"),
+                  Input(Ids.LOAD_REQUEST, "data"),
+                  background=True, prevent_initial_call=True, interval=250,
+                  progress=[Output(Ids.PROGRESS, "value"), Output(Ids.PROGRESS, "max"),
+                            Output(Ids.STATUS, "children")],
+                  progress_default=["0", "1", ""],
+                  running=[(Output(Ids.LOAD, "disabled"), True, False),
+                           (Output(Ids.REFRESH, "disabled"), True, False),
+                           (Output(Ids.PROGRESS_WRAP, "className"), "progress", "progress hidden")])
+    def load(set_progress, request):
+        path = (request or {}).get("path") or ""
+        last = [0.0]
+
+        def listed(count):
+            set_progress(("0", "1", f"Listed {count:,} files; reading…"))
+
+        def progress(done, total):
+            now = time.monotonic()
+            if done == total or now - last[0] >= PROGRESS_EVERY_S:
+                last[0] = now
+                set_progress((str(done), str(total), f"Read {done:,} of {total:,} files"))
+
+        try:
+            if not path:
+                return no_update, "Type a trial path (a local folder or s3://bucket/prefix) and press Load."
+            set_progress(("0", "1", f"Listing {path}…"))
+            key, trial, cached = context.cache.load(path, roots=context.roots, s3_buckets=context.s3_buckets,
+                                                    on_progress=progress, on_listed=listed)
+            set_progress(("1", "1", "Analyzing…"))
+            node = request.get("node") or ""
+            context.cache.analysis(key, trial, None)
+            if node:
+                context.cache.analysis(key, trial, node)
+        except TrialError as exc:
+            return no_update, str(exc)
+        except Exception as exc:  # noqa: BLE001 - the page gets a message, the log the traceback
+            return no_update, _unexpected(f"Loading {path}", exc)
+        return {"path": path, "key": key, "start_us": trial.start_us, "end_us": trial.end_us,
+                "window": request.get("window"), "node": request.get("node"),
+                "from_cache": cached, "loaded": views.now_iso(), "nonce": request.get("nonce")}, ""
+
+    panel_outputs = [
+        Output(Ids.SUMMARY, "children"), Output(Ids.NODE, "options"), Output(Ids.NODE, "value"),
+        Output(Ids.INIT_COUNT, "children"), Output(Ids.INIT_MEDIAN, "children"), Output(Ids.INIT_MAX, "children"),
+        Output(Ids.INIT_ITERATORS, "data"), Output(Ids.INIT_GRAPH, "figure"),
+        Output(Ids.INIT_OUTLIER_COUNT, "children"), Output(Ids.INIT_OUTLIERS, "data"),
+        Output(Ids.WORKERS_COUNT, "children"), Output(Ids.WORKERS_MEDIAN, "children"),
+        Output(Ids.WORKERS_MAX, "children"), Output(Ids.WORKERS_GRAPH, "figure"),
+        Output(Ids.WORKERS_OUTLIER_COUNT, "children"), Output(Ids.WORKERS_OUTLIERS, "data"),
+        Output(Ids.GETNEXT_COUNT, "children"), Output(Ids.GETNEXT_MEDIAN, "children"),
+        Output(Ids.GETNEXT_MAX, "children"), Output(Ids.GETNEXT_HISTOGRAM, "figure"),
+        Output(Ids.GETNEXT_TIMELINE, "figure"), Output(Ids.GETNEXT_OUTLIER_COUNT, "children"),
+        Output(Ids.GETNEXT_OUTLIERS, "data"),
+        Output(Ids.BATCH_COUNT, "children"), Output(Ids.BATCH_MEDIAN, "children"),
+        Output(Ids.BATCH_GRAPH, "figure"), Output(Ids.BATCH_OUTLIER_COUNT, "children"),
+        Output(Ids.BATCH_OUTLIERS, "data"),
+        *[Output(t, "active_cell") for t in OUTLIER_TABLES],
+        Output(Ids.ERROR, "children", allow_duplicate=True),
+    ]
+
+    @app.callback(*panel_outputs, Input(Ids.TRIAL_STORE, "data"), Input(Ids.NODE, "value"),
+                  prevent_initial_call=True)
+    def show_trial(store, node):
+        if not store or not store.get("key"):
+            return [no_update] * len(panel_outputs)
+        try:
+            whole = context.cache.trial(store["key"])
+            if whole is None:
+                raise TrialEvicted(store["key"])
+            options = views.node_options(whole)
+            if ctx.triggered_id == Ids.TRIAL_STORE and store.get("node") is not None:
+                node = store.get("node") or ""
+            if node not in {o["value"] for o in options}:
+                node = ""
+            view = get_view(context, store["key"], node)
+            p = context.cache.memo(f"panels:{store['key']}:{node}", lambda: views.panels(view))
+        except TrialEvicted:
+            return [no_update] * (len(panel_outputs) - 1) + [EVICTED]
+        except Exception as exc:  # noqa: BLE001
+            return [no_update] * (len(panel_outputs) - 1) + [_unexpected("Showing the trial", exc)]
+        init, workers, getnext, batch = p["init"], p["workers"], p["getnext"], p["batchtime"]
+        return [
+            summary_component(views.summary(view, whole)), options, node,
+            init["count"], init["median_us"], init["max_us"], init["iterators"], init["figure"],
+            str(init["outlier_count"]), init["outliers"],
+            workers["count"], workers["median_us"], workers["max_us"], workers["figure"],
+            str(workers["outlier_count"]), workers["outliers"],
+            getnext["count"], getnext["median_us"], getnext["max_us"], getnext["histogram"],
+            getnext["timeline"], str(getnext["outlier_count"]), getnext["outliers"],
+            batch["count"], batch["median_s"], batch["figure"], str(batch["outlier_count"]), batch["outliers"],
+            *[None] * len(OUTLIER_TABLES),
+            no_update,
+        ]
+
+    @app.callback(Output(Ids.WINDOW_STORE, "data"),
+                  Input(Ids.TRIAL_STORE, "data"), Input(Ids.OVERVIEW, "relayoutData"),
+                  Input(Ids.WINDOW_GRAPH, "relayoutData"), Input(Ids.WHOLE_JOB, "n_clicks"),
+                  *[Input(t, "active_cell") for t in OUTLIER_TABLES],
+                  *[State(t, "data") for t in OUTLIER_TABLES], State(Ids.WINDOW_STORE, "data"),
+                  prevent_initial_call=True)
+    def set_window(store, overview_relayout, window_relayout, _whole, *rest):
+        cells, tables, current = rest[:len(OUTLIER_TABLES)], rest[len(OUTLIER_TABLES):-1], rest[-1]
+        if not store or not store.get("key") or store.get("start_us") is None:
+            return no_update
+        span = (int(store["start_us"]), int(store["end_us"]))
+        trigger = ctx.triggered_id
+        chosen = None
+        try:
+            # A newly loaded trial gets its first window, whatever else triggered this call: a
+            # request superseded by a newer one reports only the newer one's triggers.
+            if not current or current.get("key") != store["key"]:
+                if current and current.get("path") == store["path"]:
+                    chosen = (current["start_us"], current["end_us"])  # a refresh keeps the window
+                elif store.get("window"):
+                    chosen = tuple(store["window"])  # the URL's window
+                else:
+                    chosen = span
+            elif trigger in (Ids.OVERVIEW, Ids.WINDOW_GRAPH):
+                found = views.relayout_range(overview_relayout if trigger == Ids.OVERVIEW else window_relayout)
+                chosen = span if found == "full" and trigger == Ids.OVERVIEW else (
+                    found if isinstance(found, tuple) else None)
+            elif trigger == Ids.WHOLE_JOB:
+                chosen = span
+            elif trigger in OUTLIER_TABLES:
+                index = OUTLIER_TABLES.index(trigger)
+                cell, rows = cells[index], tables[index] or []
+                if cell:
+                    row_id = cell.get("row_id", cell.get("row"))
+                    row = next((r for r in rows if r.get("id") == row_id), None)
+                    if row is not None:
+                        chosen = views.outlier_window(int(row["start_us"]), int(row["end_us"]))
+        except Exception as exc:  # noqa: BLE001 - a bad event never breaks the page
+            _unexpected("Setting the window", exc)
+            return no_update
+        if chosen is None or chosen[1] <= chosen[0]:
+            return no_update
+        start, end = int(chosen[0]), int(chosen[1])
+        if current and current.get("key") == store["key"] and (current["start_us"], current["end_us"]) == (start, end):
+            return no_update
+        return {"key": store["key"], "path": store["path"], "start_us": start, "end_us": end,
+                "start": views.iso_utc(start), "end": views.iso_utc(end)}
+
+    @app.callback(Output(Ids.WINDOW_GRAPH, "figure"), Output(Ids.OVERVIEW, "figure"),
+                  Output(Ids.WINDOW_RANGE, "children"), Output(Ids.WINDOW_ERROR, "children"),
+                  Input(Ids.WINDOW_STORE, "data"), Input(Ids.SELECT_EVENTS, "value"),
+                  Input(Ids.SELECT_DIMENSIONS, "value"), Input(Ids.NODE, "value"),
+                  State(Ids.TRIAL_STORE, "data"), prevent_initial_call=True)
+    def show_window(window, select_events, select_dimensions, node, store):
+        if not window or not store or window.get("key") != store.get("key"):
+            return no_update, no_update, no_update, no_update
+        try:
+            view = get_view(context, store["key"], node)
+            payload = views.window_payload(view, window["start_us"], window["end_us"], select_events,
+                                           select_dimensions)
+        except ValueError as exc:  # an invalid regular expression
+            return no_update, no_update, views.window_text(window["start_us"], window["end_us"]), str(exc)
+        except TrialEvicted:
+            return no_update, no_update, no_update, EVICTED
+        except Exception as exc:  # noqa: BLE001
+            return no_update, no_update, no_update, _unexpected("Drawing the window", exc)
+        return payload["window_figure"], payload["overview_figure"], payload["window_range"], ""
+
+    # The URL follows the state without reloading or adding history entries, so a copied
+    # link opens the same trial, node and window.
+    app.clientside_callback(
+        """
+        function(trial, win, node) {
+            if (!trial || !trial.path) { return window.dash_clientside.no_update; }
+            const enc = (v) => encodeURIComponent(v).replace(/%2F/g, '/').replace(/%3A/g, ':');
+            let query = '?trial=' + enc(trial.path);
+            if (win && win.key === trial.key) { query += '&start=' + enc(win.start) + '&end=' + enc(win.end); }
+            if (node) { query += '&node=' + enc(node); }
+            if (window.location.search !== query) {
+                window.history.replaceState(window.history.state, '', window.location.pathname + query);
+            }
+            return query;
+        }
+        """,
+        Output(Ids.URL_SYNC, "data"), Input(Ids.TRIAL_STORE, "data"), Input(Ids.WINDOW_STORE, "data"),
+        Input(Ids.NODE, "value"))
+
+    # Inspecting an outlier: bring the timeline into view.
+    app.clientside_callback(
+        """
+        function() {
+            const cells = Array.from(arguments);
+            if (cells.some((c) => c)) {
+                const el = document.getElementById('%s');
+                if (el) { el.scrollIntoView({block: 'start'}); }
+            }
+            return window.dash_clientside.no_update;
+        }
+        """ % Ids.TIMELINE,
+        Output(Ids.TIMELINE, "title"), *[Input(t, "active_cell") for t in OUTLIER_TABLES],
+        prevent_initial_call=True)

@@ -1,0 +1,235 @@
+"""The page: components and their ids. Ids are defined here once; callbacks and tests use them."""
+from __future__ import annotations
+
+from dash import dash_table, dcc, html
+
+from . import figures
+from .views import duration_text
+
+
+class Ids:
+    """Element ids. Those marked stable are relied on by tests (ours and others')."""
+    URL = "url"
+    URL_SYNC = "url-sync"
+    LOAD_REQUEST = "load-request"
+    TRIAL_STORE = "trial-store"
+    WINDOW_STORE = "window-store"
+
+    TRIAL_PATH = "trial-path"  # stable
+    LOAD = "load-trial"  # stable
+    REFRESH = "refresh-trial"
+    NODE = "node-select"
+    PROGRESS_WRAP = "load-progress-wrap"
+    PROGRESS = "load-progress"
+    STATUS = "load-status"
+    ERROR = "error-message"  # stable
+
+    SUMMARY = "summary"
+
+    INIT_COUNT = "init-count"  # stable
+    INIT_MEDIAN = "init-median-us"
+    INIT_MAX = "init-max-us"
+    INIT_ITERATORS = "init-iterators"
+    INIT_GRAPH = "init-graph"
+    INIT_OUTLIER_COUNT = "init-outlier-count"
+    INIT_OUTLIERS = "init-outliers"
+
+    WORKERS_COUNT = "workers-count"  # stable
+    WORKERS_MEDIAN = "workers-median-us"
+    WORKERS_MAX = "workers-max-us"
+    WORKERS_GRAPH = "workers-graph"
+    WORKERS_OUTLIER_COUNT = "workers-outlier-count"
+    WORKERS_OUTLIERS = "workers-outliers"
+
+    GETNEXT_COUNT = "getnext-count"  # stable
+    GETNEXT_MEDIAN = "getnext-median-us"  # stable
+    GETNEXT_MAX = "getnext-max-us"
+    GETNEXT_HISTOGRAM = "getnext-histogram"
+    GETNEXT_TIMELINE = "getnext-timeline"
+    GETNEXT_OUTLIER_COUNT = "getnext-outlier-count"
+    GETNEXT_OUTLIERS = "getnext-outliers"  # stable
+
+    BATCH_COUNT = "batchtime-count"
+    BATCH_MEDIAN = "batchtime-median-s"  # stable
+    BATCH_GRAPH = "batchtime-graph"
+    BATCH_OUTLIER_COUNT = "batchtime-outlier-count"
+    BATCH_OUTLIERS = "batchtime-outliers"
+
+    TIMELINE = "timeline"
+    OVERVIEW = "overview-graph"  # stable
+    WINDOW_GRAPH = "window-graph"  # stable
+    WINDOW_RANGE = "window-range"  # stable
+    WINDOW_ERROR = "window-error"
+    SELECT_EVENTS = "select-events"
+    SELECT_DIMENSIONS = "select-dimensions"
+    WHOLE_JOB = "window-whole-job"
+
+
+# The outlier tables, in the order callbacks list them.
+OUTLIER_TABLES = [Ids.INIT_OUTLIERS, Ids.WORKERS_OUTLIERS, Ids.GETNEXT_OUTLIERS, Ids.BATCH_OUTLIERS]
+
+_TIME_COLUMNS = [{"name": "start (UTC)", "id": "start"}, {"name": "end (UTC)", "id": "end"}]
+_DURATION = {"name": "duration (us)", "id": "duration_us", "type": "numeric"}
+_WHO = [{"name": "worker id", "id": "worker_id", "type": "numeric"},
+        {"name": "pid", "id": "pid", "type": "numeric"}, {"name": "node", "id": "node"}]
+OUTLIER_COLUMNS = {
+    Ids.INIT_OUTLIERS: _TIME_COLUMNS + [_DURATION, {"name": "iterator", "id": "type"},
+                                        {"name": "pid", "id": "pid", "type": "numeric"},
+                                        {"name": "node", "id": "node"}],
+    Ids.WORKERS_OUTLIERS: _TIME_COLUMNS + [_DURATION] + _WHO,
+    Ids.GETNEXT_OUTLIERS: _TIME_COLUMNS + [_DURATION] + _WHO,
+    Ids.BATCH_OUTLIERS: _TIME_COLUMNS + [{"name": "batch time (s)", "id": "batch_time_s", "type": "numeric"}]
+                        + _WHO,
+}
+ITERATOR_COLUMNS = [{"name": "iterator", "id": "type"}, {"name": "num_workers", "id": "num_workers"},
+                    {"name": "pin_memory", "id": "pin_memory"},
+                    {"name": "times initialized", "id": "count", "type": "numeric"},
+                    {"name": "median (us)", "id": "median_us"}, {"name": "max (us)", "id": "max_us"}]
+
+_TABLE_STYLE = dict(
+    style_table={"overflowX": "auto"},
+    style_cell={"fontFamily": figures.FONT, "fontSize": "12px", "padding": "4px 8px", "textAlign": "left",
+                "border": "none", "borderBottom": "1px solid #e5e7eb", "whiteSpace": "nowrap"},
+    style_header={"fontWeight": "600", "backgroundColor": "#f9fafb", "borderBottom": "1px solid #d1d5db"},
+    style_as_list_view=True,
+)
+
+
+def _graph(id_: str, figure=None, **config) -> dcc.Graph:
+    return dcc.Graph(id=id_, figure=figure or figures.empty_figure_spec("No trial loaded yet"),
+                     config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d"], **config})
+
+
+def _stat(label: str, id_: str, unit: str = "") -> html.Div:
+    return html.Div(className="stat", children=[
+        html.Div(label, className="stat-label"),
+        html.Div([html.Span("-", id=id_, className="stat-value"),
+                  html.Span(f" {unit}" if unit else "", className="stat-unit")])])
+
+
+def outlier_table(id_: str) -> dash_table.DataTable:
+    return dash_table.DataTable(id=id_, columns=OUTLIER_COLUMNS[id_], data=[], page_size=8,
+                                page_action="native", sort_action="none", cell_selectable=True,
+                                style_data_conditional=[{"if": {"state": "active"},
+                                                         "backgroundColor": "#dbeafe",
+                                                         "border": "none"}],
+                                **_TABLE_STYLE)
+
+
+def _outliers_block(table_id: str, count_id: str, title: str) -> html.Div:
+    return html.Div(className="outliers", children=[
+        html.H3([title, " ", html.Span("0", id=count_id, className="badge")]),
+        html.P("Click a row to inspect it on the timeline.", className="hint"),
+        outlier_table(table_id)])
+
+
+def _panel(title: str, description: str, children: list) -> html.Section:
+    return html.Section(className="panel", children=[html.H2(title), html.P(description, className="hint"),
+                                                      *children])
+
+
+def build_layout(default_trial: str) -> html.Div:
+    trial_form = html.Div(className="trial-form", children=[
+        dcc.Input(id=Ids.TRIAL_PATH, type="text", value=default_trial, debounce=False,
+                  placeholder="s3://bucket/job/profiler-output or /path/to/trial", className="trial-path",
+                  spellCheck=False, autoComplete="off"),
+        html.Button("Load", id=Ids.LOAD, n_clicks=0, className="button primary"),
+        html.Button("Refresh", id=Ids.REFRESH, n_clicks=0, className="button",
+                    title="Read the trial again if it changed (a job still writing)"),
+        dcc.Dropdown(id=Ids.NODE, options=[{"label": "all nodes", "value": ""}], value="",
+                     clearable=False, searchable=False, className="node-select"),
+    ])
+    header = html.Header(className="header", children=[
+        html.Div(className="title", children=[html.H1("DataLoader Profiler"),
+                                              html.Span("PyTorch DataLoader analysis of a profiler trial",
+                                                        className="subtitle")]),
+        trial_form,
+        html.Div(id=Ids.PROGRESS_WRAP, className="progress hidden", children=[
+            html.Progress(id=Ids.PROGRESS, value="0", max="1"), html.Span(id=Ids.STATUS, className="hint")]),
+        html.Div(id=Ids.ERROR, role="alert", className="error"),
+    ])
+
+    init_panel = _panel("Initialization", "Each DataLoader iterator created: its class and configuration.", [
+        html.Div(className="stats", children=[_stat("iterators initialized", Ids.INIT_COUNT),
+                                              _stat("median", Ids.INIT_MEDIAN, "us"),
+                                              _stat("max", Ids.INIT_MAX, "us")]),
+        dash_table.DataTable(id=Ids.INIT_ITERATORS, columns=ITERATOR_COLUMNS, data=[], **_TABLE_STYLE),
+        _graph(Ids.INIT_GRAPH),
+        _outliers_block(Ids.INIT_OUTLIERS, Ids.INIT_OUTLIER_COUNT, "Initialization outliers")])
+    workers_panel = _panel("Workers", "DataLoader worker processes and how long each lived.", [
+        html.Div(className="stats", children=[_stat("worker processes", Ids.WORKERS_COUNT),
+                                              _stat("median lifetime", Ids.WORKERS_MEDIAN, "us"),
+                                              _stat("max lifetime", Ids.WORKERS_MAX, "us")]),
+        _graph(Ids.WORKERS_GRAPH),
+        _outliers_block(Ids.WORKERS_OUTLIERS, Ids.WORKERS_OUTLIER_COUNT, "Worker outliers")])
+    getnext_panel = _panel("GetNext", "Time the training loop waited for each batch.", [
+        html.Div(className="stats", children=[_stat("GetNext calls", Ids.GETNEXT_COUNT),
+                                              _stat("median", Ids.GETNEXT_MEDIAN, "us"),
+                                              _stat("max", Ids.GETNEXT_MAX, "us")]),
+        _graph(Ids.GETNEXT_HISTOGRAM),
+        _graph(Ids.GETNEXT_TIMELINE),
+        _outliers_block(Ids.GETNEXT_OUTLIERS, Ids.GETNEXT_OUTLIER_COUNT, "GetNext outliers")])
+    batch_panel = _panel("Batch time", "From one GetNext to the next of the same iterator: "
+                                       "fetch plus the training step.", [
+        html.Div(className="stats", children=[_stat("batches", Ids.BATCH_COUNT),
+                                              _stat("median", Ids.BATCH_MEDIAN, "s")]),
+        _graph(Ids.BATCH_GRAPH),
+        _outliers_block(Ids.BATCH_OUTLIERS, Ids.BATCH_OUTLIER_COUNT, "Batch time outliers")])
+
+    timeline = html.Section(id=Ids.TIMELINE, className="panel timeline", children=[
+        html.H2("Timeline"),
+        html.P("Drag across the overview (or use the range slider or box select) to choose a window; "
+               "double-click for the whole job.", className="hint"),
+        _graph(Ids.OVERVIEW),
+        html.Div(className="window-bar", children=[
+            html.Div(className="window-range-box", children=[
+                html.Span("Window ", className="stat-label"),
+                html.Span("-", id=Ids.WINDOW_RANGE, className="window-range")]),
+            html.Label(["events ", dcc.Input(id=Ids.SELECT_EVENTS, type="text", value=".*", debounce=True,
+                                             className="regex", spellCheck=False)],
+                       title="regular expression on event name or phase (select_events)"),
+            html.Label(["dimensions ", dcc.Input(id=Ids.SELECT_DIMENSIONS, type="text", value=".*",
+                                                 debounce=True, className="regex", spellCheck=False)],
+                       title="regular expression on metric dimension, name or type (select_dimensions)"),
+            html.Button("Whole job", id=Ids.WHOLE_JOB, n_clicks=0, className="button"),
+        ]),
+        html.Div(id=Ids.WINDOW_ERROR, role="alert", className="error"),
+        _graph(Ids.WINDOW_GRAPH),
+    ])
+
+    return html.Div(className="page", children=[
+        dcc.Location(id=Ids.URL, refresh=False),
+        dcc.Store(id=Ids.URL_SYNC),
+        dcc.Store(id=Ids.LOAD_REQUEST),
+        dcc.Store(id=Ids.TRIAL_STORE),
+        dcc.Store(id=Ids.WINDOW_STORE),
+        header,
+        html.Main(children=[
+            html.Section(className="panel summary", children=[html.H2("Summary"),
+                                                              html.Div(id=Ids.SUMMARY, children=html.P(
+                                                                  "No trial loaded yet.", className="hint"))]),
+            html.Div(className="grid", children=[init_panel, workers_panel, getnext_panel, batch_panel]),
+            timeline,
+        ]),
+    ])
+
+
+def summary_component(data: dict) -> html.Div:
+    """The summary panel's body from views.summary()."""
+    skipped = data["files_skipped"]
+    with_lines = data["files_with_skipped_lines"]
+    items = [("Trial", data["path"]), ("Start", data["start"]), ("End", data["end"]),
+             ("Duration", duration_text(data["duration_s"])),
+             ("Nodes", ", ".join(data["nodes"]) or "-"), ("Processes", str(data["processes"])),
+             ("Events read", f"{data['framework_events']:,} framework events, "
+                             f"{data['system_samples']:,} system samples"),
+             ("Files", f"{data['files_read']:,} read, {len(skipped):,} skipped"),
+             ("Lines skipped", f"{data['lines_skipped']:,}")]
+    children = [html.Dl(className="summary-list", children=[
+        part for label, value in items for part in (html.Dt(label), html.Dd(value))])]
+    if skipped or with_lines:
+        children.append(html.Details(className="skipped", children=[
+            html.Summary(f"Why: {len(skipped)} file(s) skipped, {len(with_lines)} file(s) with skipped lines"),
+            html.Ul([html.Li([html.Code(s["path"]), ": ", s["reason"]]) for s in (skipped + with_lines)[:200]]),
+        ]))
+    return html.Div(children)

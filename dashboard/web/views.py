@@ -1,0 +1,272 @@
+"""What the callbacks send: the panels of a loaded trial and the window payload.
+
+Plain functions of a loaded trial, so the benchmark can time them without a browser:
+
+    view = trial_view(dashboard.load_trial(path))               # once per load
+    payload = window_payload(view, start_us, end_us)          # every brush on the overview
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+
+from ..analysis import dataloader
+from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
+from ..api import TrialAnalysis
+from ..report import iso_utc
+from ..trial.load import Trial, host_of
+from . import figures
+
+# Clicking an outlier shows it with this much of its own length on each side (at least
+# MIN_MARGIN_US), so what happened just before and after is in view.
+OUTLIER_MARGIN = 0.5
+MIN_MARGIN_US = 1_000
+MAX_TABLE_ROWS = 500  # longest outliers listed; the count says how many there are
+MAX_SAMPLE_GAP_US = 60_000_000  # the slowest system sampling there is
+
+
+@dataclass
+class TrialView:
+    """A loaded trial (or one node of it) with what every figure reuses."""
+    trial: Trial
+    analysis: TrialAnalysis
+    overview: figures.OverviewSeries
+    key: str = ""
+    sample_gap_us: int = 0  # the usual time between two system samples
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.overview.start_us, self.overview.end_us
+
+
+def trial_view(trial: Trial, node: str | None = None, analysis: DataLoaderAnalysis | None = None,
+               key: str = "", factor: float = DEFAULT_OUTLIER_FACTOR) -> TrialView:
+    part = trial.for_node(node)
+    analysis = analysis or dataloader.analyze(part.framework, factor)
+    start, end = trial.start_us, trial.end_us  # the whole job's span, whatever the node
+    if start is None:
+        start = end = 0
+    return TrialView(part, TrialAnalysis(trial=part, dataloader=analysis, node=node),
+                     figures.overview_series(part.system, analysis.getnext.events, start, end), key,
+                     sample_gap_us=_sample_gap_us(part.system))
+
+
+def _sample_gap_us(system: pd.DataFrame) -> int:
+    stamps = np.unique(system["timestamp_us"].to_numpy())
+    if len(stamps) < 2:
+        return 0
+    return int(min(np.median(np.diff(stamps)), MAX_SAMPLE_GAP_US))
+
+
+# --- time ranges ------------------------------------------------------------------------------
+
+def parse_time_us(value) -> int | None:
+    """Epoch microseconds from a plotly date string ('2026-11-29 21:10:08.4312', taken as UTC),
+    an ISO-8601 string, or a number (epoch us). None when it is none of them."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value) if math.isfinite(value) else None
+    text = str(value).strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        stamp = pd.Timestamp(text)
+    except (ValueError, TypeError):
+        return None
+    if stamp is pd.NaT:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.tz_localize("UTC")
+    return int(stamp.value // 1000)
+
+
+def range_from_ms(value) -> int | None:
+    """A plotly date-axis range end: a date string, or a number of epoch milliseconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(round(value * 1000)) if math.isfinite(value) else None
+    return parse_time_us(value)
+
+
+def relayout_range(relayout: dict | None) -> tuple[int, int] | str | None:
+    """The x range a drag chose: (start_us, end_us), "full" for autorange, or None.
+
+    A zoom drag gives `xaxis.range[0]`/`[1]`, the range slider `xaxis.range`, a box select
+    `selections`; on a figure with several matched x axes the key may be `xaxis3...`.
+    """
+    if not relayout:
+        return None
+    for key, value in relayout.items():
+        base, _, rest = key.partition(".")
+        if not base.startswith("xaxis"):
+            continue
+        if rest == "range" and isinstance(value, (list, tuple)) and len(value) == 2:
+            lo, hi = range_from_ms(value[0]), range_from_ms(value[1])
+        elif rest == "range[0]":
+            lo, hi = range_from_ms(value), range_from_ms(relayout.get(f"{base}.range[1]"))
+        elif rest == "autorange" and value:
+            return "full"
+        else:
+            continue
+        if lo is not None and hi is not None:
+            return (min(lo, hi), max(lo, hi))
+    selections = relayout.get("selections")
+    if isinstance(selections, list) and selections:
+        last = selections[-1]
+        lo, hi = range_from_ms(last.get("x0")), range_from_ms(last.get("x1"))
+        if lo is not None and hi is not None:
+            return (min(lo, hi), max(lo, hi))
+    return None
+
+
+def outlier_window(start_us: int, end_us: int) -> tuple[int, int]:
+    margin = max(int((end_us - start_us) * OUTLIER_MARGIN), MIN_MARGIN_US)
+    return start_us - margin, end_us + margin
+
+
+def window_text(start_us: int, end_us: int) -> str:
+    return f"{iso_utc(start_us)} – {iso_utc(end_us)}"
+
+
+# --- the window -------------------------------------------------------------------------------
+
+def _patterns(text: str | None) -> list[str]:
+    return [text] if text and text.strip() else [".*"]
+
+
+def window_payload(view: TrialView, start_us: int, end_us: int, select_events: str | None = ".*",
+                   select_dimensions: str | None = ".*", uirevision: str | None = None) -> dict:
+    """Everything a new window sends: the detail timeline, the refined overview and the range
+    text. ValueError (naming the pattern) for an invalid regular expression."""
+    start_us, end_us = int(start_us), int(end_us)
+    # One sampling interval more on each side: metric lines then cross the window's edges.
+    pad = view.sample_gap_us
+    window = view.analysis.window(start_us - pad, end_us + pad, _patterns(select_events),
+                                  _patterns(select_dimensions))
+    revision = uirevision or f"{view.key}:{start_us}:{end_us}"
+    return {
+        "window_figure": figures.window_figure_spec(window, uirevision=revision, x_range=(start_us, end_us)),
+        "overview_figure": figures.overview_figure_spec(view.overview, (start_us, end_us), uirevision=revision),
+        "window_range": window_text(start_us, end_us),
+    }
+
+
+# --- the panels -------------------------------------------------------------------------------
+
+def plain_number(value, decimals: int) -> str:
+    """A number as tests and people read it: no thousands separator, no trailing zeros."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    text = f"{float(value):.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _int_text(value) -> str:
+    return "-" if value is None or value is pd.NA else str(int(value))
+
+
+def outlier_rows(frame: pd.DataFrame, value_column: str) -> list[dict]:
+    """DataTable rows for an outliers frame (longest first); raw times ride along for clicks."""
+    rows = []
+    for i, row in enumerate(frame.head(MAX_TABLE_ROWS).to_dict("records")):
+        out = {"id": i, "start_us": int(row["start_us"]), "end_us": int(row["end_us"]),
+               "start": iso_utc(int(row["start_us"])), "end": iso_utc(int(row["end_us"]))}
+        value = row[value_column]
+        out[value_column] = (float(value) if value_column == "batch_time_s" else int(value))
+        for column in ("worker_id", "pid"):
+            if column in row:
+                out[column] = None if row[column] is pd.NA or row[column] is None else int(row[column])
+        for column in ("node", "type"):
+            if column in row:
+                out[column] = str(row[column])
+        rows.append(out)
+    return rows
+
+
+def iterator_rows(iterators: pd.DataFrame) -> list[dict]:
+    rows = []
+    for row in iterators.to_dict("records"):
+        pin = row.get("pin_memory")
+        rows.append({"type": str(row["type"]), "num_workers": _int_text(row.get("num_workers")),
+                     "pin_memory": "-" if pin is None or pin is pd.NA else str(bool(pin)),
+                     "count": int(row["count"]), "median_us": plain_number(row["median_us"], 1),
+                     "max_us": plain_number(row["max_us"], 1)})
+    return rows
+
+
+def node_options(trial: Trial) -> list[dict]:
+    """The node selector: every host, and the framework node ids of hosts that have several."""
+    nodes = trial.nodes
+    hosts = sorted({host_of(n) for n in nodes})
+    options = [{"label": "all nodes", "value": ""}]
+    for host in hosts:
+        options.append({"label": host, "value": host})
+        members = [n for n in nodes if n != host and host_of(n) == host]
+        if len(members) > 1:
+            options += [{"label": f"  {n}", "value": n} for n in members]
+    return options
+
+
+def summary(view: TrialView, whole: Trial) -> dict:
+    """Numbers for the summary panel (of the whole trial: what was read and skipped)."""
+    start, end = whole.start_us, whole.end_us
+    framework = view.trial.framework
+    processes = framework[["node", "pid"]].dropna().drop_duplicates() if len(framework) else framework
+    report = whole.report
+    skipped = [{"path": s.path, "reason": s.reason} for s in report.files_skipped]
+    lines = [{"path": s.path, "reason": s.reason} for s in report.files_with_skipped_lines]
+    return {
+        "path": whole.path, "start": iso_utc(start), "end": iso_utc(end),
+        "duration_s": None if start is None else (end - start) / 1e6,
+        "nodes": whole.nodes, "processes": int(len(processes)),
+        "framework_events": int(len(view.trial.framework)), "system_samples": int(len(view.trial.system)),
+        "files_read": report.files_read, "files_skipped": skipped, "lines_skipped": report.lines_skipped,
+        "files_with_skipped_lines": lines,
+    }
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.3f} s"
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(int(minutes), 60)
+    return f"{hours} h {minutes:02d} min {secs:04.1f} s" if hours else f"{minutes} min {secs:04.1f} s"
+
+
+def panels(view: TrialView) -> dict:
+    """Numbers, figures and table rows of the four panels."""
+    result = view.analysis
+    init, workers, getnext, batch = result.initialization, result.workers, result.getnext, result.batchtime
+    factor = result.dataloader.outlier_factor
+    return {
+        "init": {"count": str(init.count), "median_us": plain_number(init.median_us, 1),
+                 "max_us": plain_number(init.max_us, 1), "outlier_count": len(init.outliers),
+                 "iterators": iterator_rows(init.iterators),
+                 "outliers": outlier_rows(init.outliers, "duration_us"),
+                 "figure": figures.initialization_figure(init)},
+        "workers": {"count": str(workers.count), "median_us": plain_number(workers.median_us, 1),
+                    "max_us": plain_number(workers.max_us, 1), "outlier_count": len(workers.outliers),
+                    "outliers": outlier_rows(workers.outliers, "duration_us"),
+                    "figure": figures.workers_figure(workers)},
+        "getnext": {"count": str(getnext.count), "median_us": plain_number(getnext.median_us, 1),
+                    "max_us": plain_number(getnext.max_us, 1), "outlier_count": len(getnext.outliers),
+                    "outliers": outlier_rows(getnext.outliers, "duration_us"),
+                    "histogram": figures.getnext_histogram(getnext, factor),
+                    "timeline": figures.getnext_timeline(getnext, factor)},
+        "batchtime": {"count": str(batch.count), "median_s": plain_number(batch.median_s, 7),
+                      "outlier_count": len(batch.outliers),
+                      "outliers": outlier_rows(batch.outliers, "batch_time_s"),
+                      "figure": figures.batchtime_figure(batch)},
+        "outlier_factor": factor,
+    }
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+

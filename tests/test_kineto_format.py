@@ -1,0 +1,339 @@
+"""PyTorch profiler (Kineto) traces as trials, from real torch.profiler runs.
+
+Each run counts, in the training loop itself, every `next()` it makes on its loaders
+(the StopIteration call included: DataLoader records it too) and the profiler step at
+that moment; expected counts are those made inside the recorded windows.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import orjson
+import pytest
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, record_function, schedule
+from torch.profiler import tensorboard_trace_handler
+from torch.utils.data import DataLoader, Dataset
+
+import dashboard
+from dashboard import format as fmt
+from dashboard.collector.writer import TraceWriter
+from dashboard.report import to_dict, to_text
+from dashboard.trial import kineto_format
+from dashboard.trial.kineto_format import parse_kineto_file
+from dashboard.trial.load import classify_key
+
+from conftest import upload_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MP_NEXT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+SP_NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+HOST = socket.gethostname()
+
+
+class Squares(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((8,), float(i)), i % 3
+
+
+def counted(loader, log: list, prof=None):
+    """Iterates `loader`, logging the profiler step at every next() call, StopIteration's too."""
+    it = iter(loader)
+    while True:
+        log.append(prof.step_num if prof is not None else None)
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        yield batch
+
+
+def train_step(model, batch):
+    x, y = batch
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def gets(trial, name=None):
+    fw = trial.framework
+    calls = fw[fw["kind"] == fmt.KIND_GETNEXT]
+    return calls if name is None else calls[calls["name"].astype(str) == name]
+
+
+@pytest.fixture(scope="module")
+def two_loaders(tmp_path_factory):
+    """No schedule, plain JSON: 2 epochs of a 2-worker train loader and a 1-process val loader."""
+    folder = tmp_path_factory.mktemp("two_loaders")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    train = DataLoader(Squares(40), batch_size=4, num_workers=2)
+    val = DataLoader(Squares(12), batch_size=4, num_workers=0)
+    train_log, val_log = [], []
+    t0 = time.time_ns() // 1000
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            for batch in counted(train, train_log):
+                train_step(model, batch)
+            with torch.no_grad():
+                for batch in counted(val, val_log):
+                    model(batch[0])
+    t1 = time.time_ns() // 1000
+    prof.export_chrome_trace(str(folder / f"{HOST}_{os.getpid()}.1.pt.trace.json"))
+    return {"folder": str(folder), "train": len(train_log), "val": len(val_log), "t0": t0, "t1": t1}
+
+
+@pytest.fixture(scope="module")
+def scheduled(tmp_path_factory):
+    """A schedule with two cycles, gzip through tensorboard_trace_handler, prof.step() per batch."""
+    folder = tmp_path_factory.mktemp("scheduled")
+    sched = schedule(wait=1, warmup=1, active=2, repeat=2)
+    model = torch.nn.Linear(8, 3)
+    loader = DataLoader(Squares(48), batch_size=4, num_workers=2)
+    log = []
+    with profile(activities=[ProfilerActivity.CPU], schedule=sched,
+                 on_trace_ready=tensorboard_trace_handler(str(folder), use_gzip=True)) as prof:
+        for _ in range(2):
+            for batch in counted(loader, log, prof):
+                train_step(model, batch)
+                prof.step()
+    recorded = {ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE}
+    active_steps = sorted({s for s in range(max(log) + 1) if sched(s) in recorded})
+    return {"folder": str(folder), "expected": sum(1 for s in log if sched(s) in recorded),
+            "active_steps": active_steps}
+
+
+def test_a_plain_trace_with_two_loaders_is_a_trial(two_loaders):
+    trial = dashboard.load_trial(two_loaders["folder"])
+    assert trial.format == "kineto"
+    assert trial.nodes == [f"0-{HOST}"] == list(trial.kineto_nodes)
+    assert trial.report.files_read == 1 and not trial.report.files_skipped
+    assert len(gets(trial, MP_NEXT)) == two_loaders["train"] == 2 * (10 + 1)
+    assert len(gets(trial, SP_NEXT)) == two_loaders["val"] == 2 * (3 + 1)
+    # nothing else is kept: no cpu_op, no step events (no schedule, no prof.step())
+    assert set(trial.framework["kind"].astype(str)) == {fmt.KIND_GETNEXT}
+    # wall clock from baseTimeNanoseconds: inside the profiled block
+    calls = gets(trial)
+    assert calls["start_us"].min() >= two_loaders["t0"] and calls["end_us"].max() <= two_loaders["t1"]
+    assert (calls["pid"] == os.getpid()).all()
+    # what Kineto does not record is unknown, not zero
+    multi, single = gets(trial, MP_NEXT), gets(trial, SP_NEXT)
+    assert multi["worker_id"].isna().all() and multi["num_workers"].isna().all()
+    assert (single["worker_id"] == -1).all() and (single["num_workers"] == 0).all()
+    data = to_dict(dashboard.analyze(trial))
+    assert data["format"] == "kineto"
+    assert data["not_recorded"] == ["initialization", "workers", "worker_id"]
+    assert data["initialization"]["count"] is None and data["workers"]["count"] is None
+    assert data["getnext"]["count"] == two_loaders["train"] + two_loaders["val"]
+    assert all(row["worker_id"] == -1 for row in data["getnext"]["outliers"])
+    text = to_text(dashboard.analyze(trial))
+    assert "Iterator initializations: not recorded" in text and "Worker processes: not recorded" in text
+    assert text.index("Not recorded") < text.index("Trial ")
+
+
+def test_times_match_an_independent_read_of_the_trace(two_loaders):
+    path = os.path.join(two_loaders["folder"], os.listdir(two_loaders["folder"])[0])
+    with open(path, "rb") as handle:
+        doc = json.load(handle)
+    base_ns = doc["baseTimeNanoseconds"]
+    expected = sorted(round(base_ns / 1000 + e["ts"]) for e in doc["traceEvents"]
+                      if e.get("ph") == "X" and str(e.get("name")).startswith("enumerate(DataLoader)#"))
+    trial = dashboard.load_trial(two_loaders["folder"])
+    got = sorted(gets(trial)["start_us"].tolist())
+    assert len(got) == len(expected)
+    assert max(abs(a - b) for a, b in zip(got, expected)) <= 1
+
+
+def test_scheduled_gzip_cycles_merge_into_one_trial(scheduled):
+    names = sorted(os.listdir(scheduled["folder"]))
+    assert len(names) == 2 and all(n.endswith(".pt.trace.json.gz") for n in names)
+    trial = dashboard.load_trial(scheduled["folder"])
+    assert trial.format == "kineto" and trial.report.files_read == 2
+    calls = gets(trial)
+    assert len(calls) == scheduled["expected"] > 0
+    steps = trial.framework[trial.framework["kind"] == fmt.KIND_STEP]
+    assert sorted(steps["step"].tolist()) == scheduled["active_steps"]
+    assert sorted(steps["name"].astype(str)) == sorted(f"ProfilerStep#{s}" for s in scheduled["active_steps"])
+    assert set(steps["phase"].astype(str)) == {fmt.PHASE_STEP_TRAIN}
+    # each GetNext knows its step; each cycle is its own recording: batch times never span two
+    assert set(calls["step"].tolist()) <= set(scheduled["active_steps"])
+    assert calls["iterator_id"].nunique() == 2
+    result = dashboard.analyze(trial)
+    assert result.batchtime.count == len(calls) - 2
+    assert "training steps" in result.verdict.basis
+
+
+def test_chunked_gzip_scan_equals_the_plain_scan(two_loaders, monkeypatch):
+    path = os.path.join(two_loaders["folder"], os.listdir(two_loaders["folder"])[0])
+    with open(path, "rb") as handle:
+        data = handle.read()
+    plain = parse_kineto_file(data, "t.pt.trace.json")
+    packed = gzip.compress(data)
+    for chunk in (97, 4096, 65_537):  # event and name boundaries fall anywhere
+        monkeypatch.setattr(kineto_format, "CHUNK_BYTES", chunk)
+        parsed = parse_kineto_file(packed, "t.pt.trace.json.gz")
+        assert parsed.error is None and parsed.lines_skipped == 0
+        # the same rows; the recording id is the file's, so it differs by name
+        assert parsed.table.drop(["iterator_id"]).equals(plain.table.drop(["iterator_id"]))
+        assert plain.table.num_rows == two_loaders["train"] + two_loaders["val"]
+
+
+def test_ranks_from_distributed_info_become_nodes(tmp_path):
+    script = textwrap.dedent(f"""
+        import json, os, sys, torch
+        import torch.distributed as dist
+        from torch.profiler import profile, ProfilerActivity, tensorboard_trace_handler
+        from torch.utils.data import DataLoader, TensorDataset
+        rank = int(sys.argv[1])
+        dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=rank, world_size=2)
+        loader = DataLoader(TensorDataset(torch.randn(8 * (rank + 2), 4)), batch_size=4, num_workers=0)
+        calls = 0
+        with profile(activities=[ProfilerActivity.CPU],
+                     on_trace_ready=tensorboard_trace_handler("{tmp_path}/trial", worker_name=f"rank{{rank}}")):
+            it = iter(loader)
+            while True:
+                calls += 1
+                try:
+                    next(it)
+                except StopIteration:
+                    break
+        dist.barrier()
+        dist.destroy_process_group()
+        print(json.dumps({{"rank": rank, "calls": calls}}))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(rank)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for rank in (0, 1)]
+    outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    trial = dashboard.load_trial(str(tmp_path / "trial"))
+    assert trial.nodes == [f"0-{HOST}", f"1-{HOST}"]
+    calls = gets(trial)
+    for out in outs:
+        assert (calls["node"].astype(str) == f"{out['rank']}-{HOST}").sum() == out["calls"] == (out["rank"] + 2) * 2 + 1
+    result = dashboard.analyze(trial)
+    assert set(result.nodes_verdict) == set(trial.nodes)
+
+
+def test_a_folder_may_mix_both_formats(two_loaders, tmp_path):
+    folder = tmp_path / "mixed"
+    os.makedirs(folder / "profiler")
+    src = os.path.join(two_loaders["folder"], os.listdir(two_loaders["folder"])[0])
+    with open(src, "rb") as handle:
+        (folder / "profiler" / "host_1.2.pt.trace.json").write_bytes(handle.read())
+    node = fmt.framework_node_id(777, 1)
+    writer = TraceWriter(str(folder), node, start_time_us=1_795_986_600_000_000)
+    writer.complete(fmt.PHASE_INIT, fmt.init_event_name("_MultiProcessingDataLoaderIter"),
+                    1_795_986_600_000_000, 1_795_986_600_050_000, {"pid": 777, "num_workers": 2})
+    writer.complete(fmt.PHASE_ITER, fmt.getnext_event_name("_MultiProcessingDataLoaderIter"),
+                    1_795_986_600_060_000, 1_795_986_600_061_000, {"pid": 777, "worker_id": 0})
+    writer.close()
+    trial = dashboard.load_trial(str(folder))
+    assert trial.format == "mixed"
+    assert trial.nodes == sorted([node, f"0-{HOST}"])
+    assert trial.kineto_nodes == (f"0-{HOST}",)
+    assert len(gets(trial)) == two_loaders["train"] + two_loaders["val"] + 1
+    data = to_dict(dashboard.analyze(trial))
+    assert data["format"] == "mixed" and data["not_recorded_nodes"] == [f"0-{HOST}"]
+    assert data["initialization"]["count"] == 1  # recorded where the format records it
+    # one node of it alone is a Kineto node
+    only = to_dict(dashboard.analyze(trial, node=f"0-{HOST}"))
+    assert only["initialization"]["count"] is None
+
+
+def test_s3_trial_of_kineto_traces(scheduled, s3_client):
+    upload_folder(s3_client, scheduled["folder"], "kineto-bucket", "job/tb")
+    remote = dashboard.load_trial("s3://kineto-bucket/job/tb", s3_client=s3_client)
+    local = dashboard.load_trial(scheduled["folder"])
+    assert remote.format == "kineto" and remote.report.files_read == 2
+    assert remote.framework.astype(str).equals(local.framework.astype(str))
+
+
+def test_datapipe_events_count_once_and_gpu_copies_are_ignored(tmp_path):
+    pipe, inner = "enumerate(DataPipe)#IterableWrapperIterDataPipe", "enumerate(DataPipe)#MapperIterDataPipe"
+
+    class Piped(Squares):
+        def __getitem__(self, i):
+            with record_function(inner):  # a pipe inside a single-process DataLoader's __next__
+                return super().__getitem__(i)
+
+    loader = DataLoader(Piped(12), batch_size=4, num_workers=0)
+    log = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in counted(loader, log):
+            pass
+        for i in range(5):  # a pipe chain iterated directly: the outer event counts once
+            with record_function(pipe):
+                with record_function(inner):
+                    torch.ones(2).sum()
+    path = tmp_path / "a.pt.trace.json"
+    prof.export_chrome_trace(str(path))
+    trial = dashboard.load_trial(str(tmp_path))
+    assert len(gets(trial, SP_NEXT)) == len(log) == 4
+    assert len(gets(trial, pipe)) == 5 and len(gets(trial, inner)) == 0
+
+    # Kineto copies an annotation onto the GPU timeline as gpu_user_annotation: not a second call
+    doc = json.loads(path.read_bytes())
+    doc["traceEvents"] += [dict(e, cat="gpu_user_annotation", pid=0, tid=7) for e in doc["traceEvents"]
+                           if str(e.get("name")) == SP_NEXT]
+    path.write_bytes(orjson.dumps(doc))
+    assert len(gets(dashboard.load_trial(str(tmp_path)), SP_NEXT)) == 4
+
+
+def test_string_pids_and_layout_variants(two_loaders):
+    path = os.path.join(two_loaders["folder"], os.listdir(two_loaders["folder"])[0])
+    with open(path, "rb") as handle:
+        doc = json.load(handle)
+    pid = os.getpid()
+    for event in doc["traceEvents"]:
+        if event.get("pid") == pid:
+            event["pid"], event["tid"] = str(pid), str(event.get("tid"))
+    compact = orjson.dumps(doc)  # one line, no spaces, keys in another order than Kineto's
+    parsed = parse_kineto_file(compact, "x.pt.trace.json")
+    assert parsed.error is None and parsed.table.num_rows == two_loaders["train"] + two_loaders["val"]
+    assert set(parsed.table.column("pid").to_pylist()) == {pid}
+
+
+def test_bad_files_are_reported_and_lose_nothing_valid(two_loaders, tmp_path):
+    path = os.path.join(two_loaders["folder"], os.listdir(two_loaders["folder"])[0])
+    with open(path, "rb") as handle:
+        data = handle.read()
+    cut = data.index(MP_NEXT.encode(), len(data) // 2)  # inside an event, half way through
+    complete = data[:cut].count(b"enumerate(DataLoader)#")  # events wholly before the cut
+    (tmp_path / "cut.pt.trace.json").write_bytes(data[:cut])
+    (tmp_path / "cut2.pt.trace.json.gz").write_bytes(gzip.compress(data)[: len(gzip.compress(data)) // 2])
+    (tmp_path / "notjson.pt.trace.json").write_bytes(b"<html>not a trace</html>")
+    (tmp_path / "badgz.pt.trace.json.gz").write_bytes(b"not gzip at all")
+    (tmp_path / "empty.pt.trace.json").write_bytes(b"")
+    (tmp_path / "nodataloader.pt.trace.json").write_bytes(
+        b'{"baseTimeNanoseconds": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", '
+        b'"pid": 1, "tid": 1, "ts": 5.0, "dur": 1.0}]}')
+    trial = dashboard.load_trial(str(tmp_path))
+    skipped = {s.path: s.reason for s in trial.report.files_skipped}
+    assert skipped == {"notjson.pt.trace.json": "not a PyTorch profiler trace (no traceEvents)",
+                       "badgz.pt.trace.json.gz": skipped["badgz.pt.trace.json.gz"],
+                       "empty.pt.trace.json": "empty file"}
+    assert skipped["badgz.pt.trace.json.gz"].startswith("not a valid gzip file")
+    assert trial.report.files_read == 3
+    with_lines = {s.path: s.reason for s in trial.report.files_with_skipped_lines}
+    assert "truncated" in with_lines["cut.pt.trace.json"]
+    assert "breaks off" in with_lines["cut2.pt.trace.json.gz"]
+    calls = gets(trial)
+    assert (calls["iterator_id"] == kineto_format.recording_id("cut.pt.trace.json")).sum() == complete > 0
+
+
+def test_classify_key_finds_traces_anywhere():
+    assert classify_key("a/b/host_1.123.pt.trace.json") == ("kineto", "a/b/host_1.123.pt.trace.json")
+    assert classify_key("host_1.123.pt.trace.json.gz")[0] == "kineto"
+    assert classify_key("framework/x.pt.trace.json")[0] == "kineto"
+    assert classify_key("notes.json") is None

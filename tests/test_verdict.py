@@ -1,0 +1,316 @@
+"""Verdict and recommendations on trials with planted problems.
+
+Trials are written in the reference format with the collector's own writers, with every
+duration chosen here, so each expected number is computed in the test from what was
+planted. Real torch.profiler runs are in test_verdict_kineto.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+import dashboard
+from dashboard import format as fmt
+from dashboard.analysis import verdict as v
+from dashboard.collector.writer import SystemMetricsWriter, TraceWriter
+from dashboard.report import to_dict, to_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START_US = 1_795_986_600_000_000
+MAIN_PID = 4242
+MP, SP = "_MultiProcessingDataLoaderIter", "_SingleProcessDataLoaderIter"
+SAMPLE_US = 100_000  # system metrics every 100 ms
+
+
+@dataclass
+class Planted:
+    folder: str
+    getnext: list = field(default_factory=list)  # (epoch, batch, worker, start_us, end_us)
+    steps: list = field(default_factory=list)  # (epoch, start_us, end_us)
+    inits: list = field(default_factory=list)  # (start_us, end_us)
+    end_us: int = 0
+
+    def windows(self) -> list[tuple[int, int]]:
+        """Training windows: per epoch, first GetNext start to the end of the last step."""
+        out = []
+        for epoch in sorted({e for e, *_ in self.getnext}):
+            first = min(s for e, _, _, s, _ in self.getnext if e == epoch)
+            last = max(end for e, _, end in self.steps if e == epoch)
+            out.append((first, last))
+        return out
+
+    def input_percent(self) -> float:
+        wait = sum(e - s for *_, s, e in self.getnext)
+        return 100.0 * wait / sum(e - s for s, e in self.windows())
+
+
+def plant(folder, *, epochs=1, batches=40, num_workers=2, persistent=True, cls=MP, init_us=30_000,
+          first_us=2_000, getnext_us=lambda epoch, batch, worker: 500, step_us=50_000,
+          pin_memory=True, host=1, cpu_percent=40.0, cores=4, iowait=lambda t_us: 0.5, gpus=0,
+          fetch_us=None, system=True) -> Planted:
+    """A one-process training job: per epoch an init (unless persistent after the first),
+    then GetNext + train step per batch, batch b served by worker b mod num_workers."""
+    node = fmt.framework_node_id(MAIN_PID, host)
+    writer = TraceWriter(folder, node, start_time_us=START_US, rotate_s=3600)
+    planted = Planted(folder)
+    t = START_US
+    for epoch in range(epochs):
+        if epoch == 0 or not persistent:
+            writer.complete(fmt.PHASE_INIT, fmt.init_event_name(cls), t, t + init_us,
+                            {fmt.ARG_PID: MAIN_PID, fmt.ARG_NUM_WORKERS: num_workers,
+                             fmt.ARG_PIN_MEMORY: pin_memory, fmt.ARG_STEP: "-1"})
+            planted.inits.append((t, t + init_us))
+            t += init_us
+        for batch in range(batches):
+            worker = batch % num_workers if num_workers else -1
+            duration = first_us if batch == 0 and (epoch == 0 or not persistent) else \
+                getnext_us(epoch, batch, worker)
+            writer.complete(fmt.PHASE_ITER, fmt.getnext_event_name(cls), t, t + duration,
+                            {fmt.ARG_PID: MAIN_PID, fmt.ARG_WORKER_ID: worker, fmt.ARG_STEP: str(batch)})
+            planted.getnext.append((epoch, batch, worker, t, t + duration))
+            if fetch_us is not None:
+                fetch = fetch_us(batch, worker)
+                writer.complete(fmt.PHASE_WORKER_FETCH, f"{cls}.fetch", t + duration - fetch, t + duration,
+                                {fmt.ARG_PID: MAIN_PID + 1 + worker, fmt.ARG_WORKER_ID: worker})
+            t += duration
+            writer.complete(fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_TRAIN, t, t + step_us,
+                            {fmt.ARG_PID: MAIN_PID, fmt.ARG_STEP: str(batch)})
+            planted.steps.append((epoch, t, t + step_us))
+            t += step_us
+        t += 100_000  # between epochs
+    writer.close()
+    planted.end_us = t
+    if system:
+        metrics = SystemMetricsWriter(folder, fmt.system_node_id(host), rotate_s=60)
+        ts = START_US
+        while ts <= t + SAMPLE_US:
+            records = []
+            for cpu in range(cores):
+                records.append(("cpu", f"cpu{cpu}", "CPUUtilization", cpu_percent, ts / 1e6))
+                records.append(("cpu", f"cpu{cpu}", "I/OWaitPercentage", iowait(ts), ts / 1e6))
+            for gpu in range(gpus):
+                records.append(("gpu", f"gpu{gpu}", "GPUUtilization", 60.0, ts / 1e6))
+            metrics.write(records)
+            ts += SAMPLE_US
+        metrics.close()
+    return planted
+
+
+def findings(folder) -> dict[str, v.Recommendation]:
+    result = dashboard.analyze(folder)
+    items = {r.id: r for r in result.recommendations}
+    assert len(items) == len(result.recommendations), "one finding per kind"
+    return items
+
+
+def test_clean_job_gets_no_findings_and_its_exact_verdict(tmp_path):
+    planted = plant(str(tmp_path), gpus=1, pin_memory=True)
+    result = dashboard.analyze(str(tmp_path))
+    assert result.recommendations == []
+    expected = planted.input_percent()  # 39 x 0.5 ms + 2 ms over 40 x ~50 ms
+    assert expected < 5
+    assert result.verdict.input_percent == pytest.approx(expected, abs=0.01)
+    assert result.verdict.class_ == "not"
+    node = fmt.framework_node_id(MAIN_PID, 1)
+    assert set(result.nodes_verdict) == {node}
+    assert result.nodes_verdict[node].input_percent == result.verdict.input_percent
+    assert "training steps" in result.verdict.basis
+
+
+@pytest.mark.parametrize("getnext_us, step_us, cls", [(30_000, 30_000, "highly"),
+                                                       (5_000, 50_000, "moderately"),
+                                                       (2_000, 50_000, "not")])
+def test_verdict_classes_follow_the_thresholds(tmp_path, getnext_us, step_us, cls):
+    planted = plant(str(tmp_path), getnext_us=lambda *_: getnext_us, first_us=getnext_us,
+                    step_us=step_us, cpu_percent=97.0)
+    result = dashboard.analyze(str(tmp_path))
+    expected = 100.0 * getnext_us / (getnext_us + step_us)
+    assert planted.input_percent() == pytest.approx(expected)
+    assert result.verdict.input_percent == pytest.approx(expected, abs=0.01)
+    assert result.verdict.class_ == cls
+
+
+def test_workers_recreated_every_epoch_recommend_persistent_workers(tmp_path):
+    init_us, first_us, steady_us = 400_000, 600_000, 1_000
+    plant(str(tmp_path), epochs=3, batches=20, persistent=False, init_us=init_us, first_us=first_us,
+          getnext_us=lambda *_: steady_us, step_us=30_000)
+    items = findings(str(tmp_path))
+    found = items["persistent_workers"]
+    startup_s = (init_us + first_us - steady_us) / 1e6  # each start, over a steady batch
+    assert found.evidence["initializations"] == 3
+    assert found.evidence["num_workers"] == 2
+    assert found.evidence["startup_s"] == pytest.approx(startup_s)
+    assert found.saving_s == pytest.approx((3 - 1) * startup_s, abs=1e-3)
+    assert "persistent_workers=True" in found.text
+    assert [s["start_us"] for s in found.evidence["starts"]] == [
+        START_US + e * (init_us + first_us + 19 * steady_us + 20 * 30_000 + 100_000) for e in range(3)]
+    # each start's first batch is the slow one: start-up cost is named too
+    assert items["startup"].evidence["iterators"] == 3
+    assert items["startup"].evidence["first_batch_s"] == pytest.approx(first_us / 1e6)
+    # the wait is start-up only: no worker-count advice
+    assert not {"more_workers", "cpu_saturated", "use_workers"} & set(items)
+
+
+def test_one_slow_worker_is_named_with_its_batches(tmp_path):
+    slow, fast = 80_000, 1_000
+    planted = plant(str(tmp_path), batches=60, num_workers=4, step_us=20_000, cores=8, cpu_percent=30.0,
+                    getnext_us=lambda epoch, batch, worker: slow if worker == 2 else fast)
+    items = findings(str(tmp_path))
+    assert set(items) == {"slow_worker"}
+    found = items["slow_worker"]
+    theirs = [(b, s, e) for _, b, w, s, e in planted.getnext if w == 2]
+    assert found.evidence["worker_id"] == 2
+    assert found.evidence["num_workers"] == 4
+    assert [b["batch"] for b in found.evidence["batches"]] == [b for b, _, _ in theirs]
+    assert [b["start_us"] for b in found.evidence["batches"]] == [s for _, s, _ in theirs]
+    assert found.evidence["stalls_on_worker"] == len(theirs) == 15
+    assert found.saving_s == pytest.approx(len(theirs) * (slow - fast) / 1e6, abs=1e-3)
+    assert "Worker 2" in found.text and "in_order=False" in found.text
+
+
+def test_balanced_workers_are_not_blamed_when_fetch_times_say_so(tmp_path):
+    # Waits land on worker 0's batches (first in each round), but every worker fetches in the
+    # same time: all workers are at their limit, so more workers, not a slow one.
+    plant(str(tmp_path), batches=60, num_workers=4, step_us=20_000, cores=8, cpu_percent=30.0,
+          getnext_us=lambda epoch, batch, worker: 30_000 if worker == 0 else 500,
+          fetch_us=lambda batch, worker: 100_000)
+    items = findings(str(tmp_path))
+    assert "slow_worker" not in items
+    found = items["more_workers"]
+    # W x batch time / compute time, capped by the free cores and cores - 1
+    batch_us = (30_000 + 3 * 500 + 4 * 20_000) / 4
+    needed = math.ceil(4 * batch_us / 20_000)
+    assert found.evidence["suggested_num_workers"] == min(8 - 1, 4 + math.floor(8 * 0.7), needed)
+
+
+def test_saturated_cpus_say_more_workers_will_not_help(tmp_path):
+    plant(str(tmp_path), getnext_us=lambda *_: 30_000, first_us=30_000, step_us=30_000, cpu_percent=97.0)
+    items = findings(str(tmp_path))
+    assert set(items) == {"cpu_saturated"}
+    found = items["cpu_saturated"]
+    assert found.evidence["cpu_percent"] == 97.0
+    assert found.evidence["cores"] == 4
+    assert found.evidence["input_percent"] == pytest.approx(50.0)
+    assert "will not help" in found.text and found.saving_s is None
+
+
+def test_cpu_headroom_suggests_a_worker_count_and_its_saving(tmp_path):
+    batches, wait, compute = 40, 30_000, 30_000
+    plant(str(tmp_path), batches=batches, getnext_us=lambda *_: wait, first_us=wait, step_us=compute,
+          cpu_percent=30.0, cores=8)
+    items = findings(str(tmp_path))
+    assert set(items) == {"more_workers"}
+    found = items["more_workers"]
+    batch = wait + compute
+    suggested = min(8 - 1, 2 + math.floor(8 * 0.7), math.ceil(2 * batch / compute))
+    assert suggested == 4
+    assert found.evidence["suggested_num_workers"] == suggested
+    new_batch = max(compute, batch * 2 / suggested)
+    assert found.saving_s == pytest.approx(batches * (batch - new_batch) / 1e6, abs=1e-3)
+    assert "num_workers` from 2 to 4" in found.text
+
+
+def test_input_bound_single_process_loader_is_told_to_use_workers(tmp_path):
+    batches, wait, compute = 40, 40_000, 20_000
+    plant(str(tmp_path), batches=batches, num_workers=0, cls=SP, getnext_us=lambda *_: wait, first_us=wait,
+          step_us=compute, cpu_percent=30.0, cores=4)
+    items = findings(str(tmp_path))
+    assert set(items) == {"use_workers"}
+    found = items["use_workers"]
+    suggested = min(4 - 1, max(2, math.ceil(wait / compute)))
+    assert found.evidence["suggested_num_workers"] == suggested == 2
+    assert found.evidence["num_workers"] == 0
+    assert found.saving_s == pytest.approx(batches * (wait + compute - max(compute, wait / suggested)) / 1e6,
+                                           abs=1e-3)
+    assert "num_workers=2" in found.text
+
+
+def test_io_wait_during_stalls_is_storage_bound(tmp_path):
+    stall_batches = {10, 20, 30, 40, 50}
+    stall, steady = 300_000, 1_000
+    windows = []
+
+    def getnext(epoch, batch, worker):
+        return stall if batch in stall_batches else steady
+
+    # plant once to learn the stall windows, then again with I/O wait high inside them
+    probe = plant(str(tmp_path / "probe"), batches=60, getnext_us=getnext, step_us=20_000, system=False)
+    windows = [(s, e) for _, b, _, s, e in probe.getnext if b in stall_batches]
+    planted = plant(str(tmp_path / "trial"), batches=60, getnext_us=getnext, step_us=20_000,
+                    iowait=lambda t: 40.0 if any(s <= t <= e for s, e in windows) else 0.5)
+    items = findings(str(tmp_path / "trial"))
+    assert set(items) == {"storage_bound"}  # the stalls explain the wait: no worker-count advice
+    found = items["storage_bound"]
+    assert found.evidence["stalls"] == len(stall_batches)
+    assert sorted(w["start_us"] for w in found.evidence["windows"]) == [s for s, _ in windows]
+    assert found.evidence["iowait_percent"] >= v.IOWAIT_HIGH_PERCENT
+    assert found.evidence["iowait_elsewhere_percent"] == pytest.approx(0.5)
+    assert found.saving_s == pytest.approx(len(stall_batches) * (stall - steady) / 1e6, abs=1e-3)
+    assert planted.getnext == probe.getnext
+
+
+def test_pin_memory_off_with_gpus_present(tmp_path):
+    plant(str(tmp_path / "off"), gpus=2, pin_memory=False)
+    plant(str(tmp_path / "on"), gpus=2, pin_memory=True)
+    plant(str(tmp_path / "nogpu"), gpus=0, pin_memory=False)
+    items = findings(str(tmp_path / "off"))
+    assert set(items) == {"pin_memory"}
+    assert items["pin_memory"].evidence["gpus"] == 2
+    assert "pin_memory=True" in items["pin_memory"].text
+    assert findings(str(tmp_path / "on")) == {}
+    assert findings(str(tmp_path / "nogpu")) == {}
+
+
+def test_nodes_get_their_own_verdicts_and_one_merged_finding(tmp_path):
+    a = plant(str(tmp_path), host=1, getnext_us=lambda *_: 30_000, first_us=30_000, step_us=30_000,
+              cpu_percent=97.0)
+    b = plant(str(tmp_path), host=2, getnext_us=lambda *_: 10_000, first_us=10_000, step_us=30_000,
+              cpu_percent=97.0)
+    result = dashboard.analyze(str(tmp_path))
+    nodes = {fmt.framework_node_id(MAIN_PID, 1): a, fmt.framework_node_id(MAIN_PID, 2): b}
+    assert set(result.nodes_verdict) == set(nodes)
+    for node, planted in nodes.items():
+        assert result.nodes_verdict[node].input_percent == pytest.approx(planted.input_percent(), abs=0.01)
+    wait = sum(e - s for p in nodes.values() for *_, s, e in p.getnext)
+    train = sum(e - s for p in nodes.values() for s, e in p.windows())
+    assert result.verdict.input_percent == pytest.approx(100.0 * wait / train, abs=0.01)
+    assert [r.id for r in result.recommendations] == ["cpu_saturated"]
+    assert result.recommendations[0].evidence["nodes"] == sorted(nodes)
+    # --node narrows the analysis to one node
+    one = dashboard.analyze(str(tmp_path), node=fmt.system_node_id(2))
+    assert one.verdict.input_percent == pytest.approx(b.input_percent(), abs=0.01)
+
+
+def test_cli_json_and_text_lead_with_verdict_and_findings(tmp_path):
+    plant(str(tmp_path), getnext_us=lambda *_: 30_000, first_us=30_000, step_us=30_000, cpu_percent=97.0)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "app.py"), "analyze", str(tmp_path), "--json"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    data = json.loads(out)
+    assert data["format"] == "smdebug"
+    assert data["verdict"]["class"] == "highly" and data["verdict"]["input_percent"] == pytest.approx(50.0)
+    assert isinstance(data["verdict"]["basis"], str) and data["verdict"]["basis"]
+    node = fmt.framework_node_id(MAIN_PID, 1)
+    assert data["nodes_verdict"][node]["class"] == "highly"
+    [item] = data["recommendations"]
+    assert set(item) == {"id", "text", "evidence", "saving_s"} and item["id"] == "cpu_saturated"
+    assert data["not_recorded"] == [] and data["initialization"]["count"] == 1
+    text = to_text(dashboard.analyze(str(tmp_path)))
+    assert text.startswith("Verdict: highly input-bound: 50.0 %")
+    assert text.index("(cpu_saturated)") < text.index("Trial ") < text.index("GetNext calls")
+
+
+def test_no_getnext_means_no_verdict(tmp_path):
+    metrics = SystemMetricsWriter(str(tmp_path), "algo-1")
+    metrics.write([("cpu", "cpu0", "CPUUtilization", 10.0, START_US / 1e6)])
+    metrics.close()
+    result = dashboard.analyze(str(tmp_path))
+    assert result.verdict.input_percent is None and result.verdict.class_ is None
+    assert result.recommendations == [] and result.nodes_verdict == {}
+    data = to_dict(result)
+    assert data["verdict"] == {"input_percent": None, "class": None, "basis": result.verdict.basis}

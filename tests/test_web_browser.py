@@ -1,0 +1,399 @@
+"""The dashboard in a real browser (headless Chromium through dash[testing]).
+
+Trials are written by `dashboard.synthetic`; every expected number is computed here from
+the events it reports, not by the library under test. Run with `--headless`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+from selenium.webdriver.common.action_chains import ActionChains
+
+from conftest import upload_folder
+from dashboard import synthetic
+from dashboard.web.server import SAMPLE_TRIAL, ServerOptions, create_app
+
+pytestmark = pytest.mark.browser
+
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Outliers are shown with half their length of context on each side, at least 1 ms.
+OUTLIER_MARGIN, MIN_MARGIN_US = 0.5, 1_000
+# plotly.js keeps dates to 0.1 ms: axis ranges read back from the browser are that close.
+PLOTLY_DATE_US = 100
+GRAPHS = ["init-graph", "workers-graph", "getnext-histogram", "getnext-timeline", "batchtime-graph",
+          "overview-graph", "window-graph"]
+
+
+# --- expected numbers, from the events the synthetic writer reports --------------------------
+
+def expected(written: synthetic.SyntheticTrial, host: str | None = None) -> dict:
+    def mine(kind):
+        return [e for e in written.of_kind(kind) if host is None or e.node.endswith(f"-{host}")]
+
+    getnext = mine("getnext")
+    durations = [e.duration_us for e in getnext]
+    median = statistics.median(durations)
+    gaps = []
+    for key in {(e.node, e.epoch, e.iterator_class) for e in getnext}:
+        starts = sorted(e.start_us for e in getnext if (e.node, e.epoch, e.iterator_class) == key)
+        gaps += [(b - a) / 1e6 for a, b in zip(starts, starts[1:])]
+    outliers = sorted((e for e in getnext if e.duration_us > 2 * median), key=lambda e: -e.duration_us)
+    return {"init": len(mine("init")), "workers": len(mine("worker")), "getnext": len(getnext),
+            "getnext_median_us": median, "batch_median_s": statistics.median(gaps), "outliers": outliers}
+
+
+def iso_us(text: str) -> int:
+    from datetime import datetime, timezone
+
+    stamp = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return int(stamp.timestamp()) * 1_000_000 + stamp.microsecond
+
+
+def write(folder, **options) -> synthetic.SyntheticTrial:
+    base = dict(epochs=2, train_batches=40, num_workers=2, val_batches=5, gpus=1,
+                slow_batches={(0, 7): 60_000, (1, 20): 90_000})
+    base.update(options)
+    return synthetic.write_trial(str(folder), **base)
+
+
+# --- the browser -------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(dash_duo, tmp_path, trial, **options):
+    app = create_app(ServerOptions(trial=str(trial), cache_dir=str(tmp_path / "cache"),
+                                   data_roots=[str(tmp_path)], **options))
+    dash_duo.start_server(app, port=free_port())
+    return app
+
+
+def text(dash_duo, element_id: str) -> str:
+    return dash_duo.find_element(f"#{element_id}").text
+
+
+def wait_loaded(dash_duo, getnext_count: int, timeout: float = 40):
+    dash_duo.wait_for_text_to_equal("#getnext-count", str(getnext_count), timeout=timeout)
+
+
+def wait_until(condition, timeout=20, message="condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {message}")
+
+
+def axis_ms(driver, graph_id: str) -> dict:
+    """The main x axis of a graph: its range in epoch ms and its place on the page, in px."""
+    return driver.execute_script("""
+        const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+        const xa = gd._fullLayout.xaxis;
+        return {r0: xa.r2l(xa.range[0]), r1: xa.r2l(xa.range[1]), offset: xa._offset, length: xa._length};
+    """, graph_id)
+
+
+def graph_points(driver, graph_id: str) -> int:
+    return driver.execute_script("""
+        const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+        if (!gd || !gd._fullData) { return 0; }  // _fullData: binary arrays decoded
+        return gd._fullData.reduce((n, t) => n + (t.x && t.visible !== false ? t.x.length : 0), 0);
+    """, graph_id)
+
+
+def window_range(dash_duo) -> tuple[int, int]:
+    """The window shown in `window-range` (waiting for one to be shown)."""
+    found = wait_until(lambda: (lambda f: f if len(f) == 2 else None)(ISO.findall(text(dash_duo, "window-range"))),
+                       message="a window in window-range")
+    return iso_us(found[0]), iso_us(found[1])
+
+
+def screenshot(driver, path: str) -> None:
+    """The whole page in one PNG (the window grown to the page's height)."""
+    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    full = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(width, min(full + 40, 8000))
+    time.sleep(0.5)
+    driver.save_screenshot(path)
+    driver.set_window_size(width, height)
+
+
+def scroll_to(driver, element) -> None:
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+    time.sleep(0.2)
+
+
+def assert_no_traceback(dash_duo):
+    source = dash_duo.driver.page_source
+    assert "Traceback" not in source and 'File "' not in source
+
+
+# --- the tests -----------------------------------------------------------------------------------
+
+def test_loads_a_trial_with_numbers_panels_and_timeline(dash_duo, tmp_path):
+    written = write(tmp_path / "trial")
+    want = expected(written)
+    start(dash_duo, tmp_path, tmp_path / "trial")
+    wait_loaded(dash_duo, want["getnext"])
+    assert text(dash_duo, "init-count") == str(want["init"]) == "4"
+    assert text(dash_duo, "workers-count") == str(want["workers"]) == "4"
+    assert float(text(dash_duo, "getnext-median-us")) == pytest.approx(want["getnext_median_us"], abs=0.05)
+    assert float(text(dash_duo, "batchtime-median-s")) == pytest.approx(want["batch_median_s"], abs=1e-7)
+    assert text(dash_duo, "getnext-outlier-count") == str(len(want["outliers"]))
+    first_row = dash_duo.find_elements("#getnext-outliers tbody tr")[1]  # row 0 holds the headers
+    assert str(want["outliers"][0].duration_us) in first_row.text  # the longest first
+    summary = text(dash_duo, "summary")
+    assert str(tmp_path / "trial") in summary and "20001-algo-1" in summary
+    assert f"{len(written.framework_files) + len(written.system_files)} read, 0 skipped" in summary
+    # The window starts as the whole job.
+    events = written.events
+    lo, hi = window_range(dash_duo)
+    assert lo <= min(e.start_us for e in events) and hi >= max(e.end_us for e in events)
+    # Every panel and both timelines show data, not a placeholder.
+    driver = dash_duo.driver
+    for graph in GRAPHS:
+        wait_until(lambda: graph_points(driver, graph) > 0, message=f"data in {graph}")
+    assert "trial=" in driver.current_url and "start=" in driver.current_url
+    assert text(dash_duo, "error-message") == ""
+    path = os.path.join(os.environ.get("DASHBOARD_SCREENSHOTS", str(tmp_path)), "dashboard-loaded.png")
+    screenshot(driver, path)
+    assert os.path.getsize(path) > 50_000
+
+
+def test_dragging_on_the_overview_sets_the_window(dash_duo, tmp_path):
+    written = write(tmp_path / "trial")
+    start(dash_duo, tmp_path, tmp_path / "trial")
+    wait_loaded(dash_duo, len(written.of_kind("getnext")))
+    driver = dash_duo.driver
+    wait_until(lambda: graph_points(driver, "overview-graph") > 0, message="the overview")
+    before = text(dash_duo, "window-range")
+    layer = dash_duo.find_element("#overview-graph .draglayer > .xy > .nsewdrag")
+    scroll_to(driver, layer)
+    axis = axis_ms(driver, "overview-graph")
+    width = layer.rect["width"]
+    assert abs(width - axis["length"]) <= 1
+    p1, step, steps = round(axis["length"] * 0.3), 30, 8  # drag from 30% to 30% + 240 px
+    chain = ActionChains(driver, duration=50)
+    chain.move_to_element(layer).move_by_offset(p1 - int(width / 2), 0).click_and_hold()
+    for _ in range(steps):
+        chain.move_by_offset(step, 0)
+    chain.release().perform()
+
+    px_ms = (axis["r1"] - axis["r0"]) / axis["length"]
+    want_lo = (axis["r0"] + p1 * px_ms) * 1000
+    want_hi = (axis["r0"] + (p1 + step * steps) * px_ms) * 1000
+    tolerance_us = 3 * px_ms * 1000  # a pixel or two of rounding on each side
+    wait_until(lambda: text(dash_duo, "window-range") != before, message="a new window")
+    lo, hi = window_range(dash_duo)
+    assert lo == pytest.approx(want_lo, abs=tolerance_us) and hi == pytest.approx(want_hi, abs=tolerance_us)
+    # The detail timeline spans exactly the window.
+    wait_until(lambda: abs(axis_ms(driver, "window-graph")["r0"] * 1000 - lo) <= PLOTLY_DATE_US,
+               message="window-graph range")
+    detail = axis_ms(driver, "window-graph")
+    assert detail["r0"] * 1000 == pytest.approx(lo, abs=PLOTLY_DATE_US)
+    assert detail["r1"] * 1000 == pytest.approx(hi, abs=PLOTLY_DATE_US)
+    # The URL carries the window.
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(driver.current_url).query)
+    assert iso_us(query["start"][0]) == lo and iso_us(query["end"][0]) == hi
+    # Double-click: the whole job again.
+    ActionChains(driver).double_click(layer).perform()
+    wait_until(lambda: window_range(dash_duo)[1] - window_range(dash_duo)[0] > hi - lo, message="whole job")
+
+
+def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):
+    written = write(tmp_path / "trial")
+    want = expected(written)
+    start(dash_duo, tmp_path, tmp_path / "trial")
+    wait_loaded(dash_duo, want["getnext"])
+    driver = dash_duo.driver
+    for rank in (0, 1):  # the longest, then the second longest
+        outlier = want["outliers"][rank]
+        row = dash_duo.find_elements("#getnext-outliers tbody tr")[1 + rank]
+        scroll_to(driver, row)  # the page scrolled to the timeline after the last click
+        row.find_elements("css selector", "td")[2].click()
+        margin = max(int(outlier.duration_us * OUTLIER_MARGIN), MIN_MARGIN_US)
+        want_lo, want_hi = outlier.start_us - margin, outlier.end_us + margin
+        wait_until(lambda: window_range(dash_duo) == (want_lo, want_hi), message=f"the window of outlier {rank}")
+        # The timeline follows: the detail and the overview show that window.
+        for graph in ("window-graph", "overview-graph"):
+            wait_until(lambda: abs(axis_ms(driver, graph)["r0"] * 1000 - want_lo) <= PLOTLY_DATE_US,
+                       message=f"{graph} at the outlier")
+            assert axis_ms(driver, graph)["r1"] * 1000 == pytest.approx(want_hi, abs=PLOTLY_DATE_US)
+    # The window's Gantt shows the outlier's GetNext (a bar starting at its start).
+    bars = driver.execute_script("""
+        const gd = document.querySelector('#window-graph .js-plotly-plot');
+        const trace = gd._fullData.find((t) => t.name === 'DataLoaderIter');
+        return Array.from(trace.x).filter((v, i) => i % 4 === 0);
+    """)
+    assert any(abs(v * 1000 - want["outliers"][1].start_us) <= 1 for v in bars)
+
+
+def test_a_link_opens_the_same_trial_node_and_window(dash_duo, tmp_path):
+    written = write(tmp_path / "trial", hosts=2)
+    all_nodes, second = expected(written), expected(written, host="algo-2")
+    assert 0 < second["getnext"] < all_nodes["getnext"]
+    start(dash_duo, tmp_path, tmp_path / "other")  # the default trial is not the one linked
+    getnext = [e for e in written.of_kind("getnext") if e.node.endswith("algo-2")]
+    lo, hi = getnext[3].start_us, getnext[30].end_us
+    query = urllib.parse.urlencode({"trial": str(tmp_path / "trial"), "start": str(lo), "end": str(hi),
+                                    "node": "algo-2"})
+    dash_duo.driver.get(f"{dash_duo.server_url}/?{query}")
+    wait_loaded(dash_duo, second["getnext"])
+    assert dash_duo.find_element("#trial-path").get_attribute("value") == str(tmp_path / "trial")
+    assert float(text(dash_duo, "getnext-median-us")) == pytest.approx(second["getnext_median_us"], abs=0.05)
+    wait_until(lambda: window_range(dash_duo) == (lo, hi), message="the linked window")
+    # The node selector: all nodes again.
+    dash_duo.select_dcc_dropdown("#node-select", value="all nodes")
+    wait_loaded(dash_duo, all_nodes["getnext"])
+    assert text(dash_duo, "workers-count") == str(all_nodes["workers"])
+    assert window_range(dash_duo) == (lo, hi)
+    assert "node=" not in dash_duo.driver.current_url
+
+
+def test_loads_a_trial_from_s3_and_shows_s3_errors(dash_duo, tmp_path, s3_client):
+    written = write(tmp_path / "trial", epochs=1)
+    upload_folder(s3_client, str(tmp_path / "trial"), "trials", "job-1/profiler-output")
+    s3_client.create_bucket(Bucket="empty-bucket")
+    start(dash_duo, tmp_path, tmp_path / "local", s3_buckets=["trials", "empty-bucket", "no-such-bucket"])
+    dash_duo.wait_for_contains_text("#error-message", "no such folder", timeout=30)
+
+    def load(path):
+        box = dash_duo.find_element("#trial-path")
+        box.clear()
+        box.send_keys(path)
+        dash_duo.find_element("#load-trial").click()
+
+    load("s3://trials/job-1/profiler-output")
+    want = expected(written)
+    wait_loaded(dash_duo, want["getnext"])
+    assert text(dash_duo, "init-count") == str(want["init"])
+    assert text(dash_duo, "workers-count") == str(want["workers"])
+    assert float(text(dash_duo, "batchtime-median-s")) == pytest.approx(want["batch_median_s"], abs=1e-7)
+    assert text(dash_duo, "error-message") == ""
+    assert "s3://trials/job-1/profiler-output" in text(dash_duo, "summary")
+    for path, message in (("s3://secret-bucket/job", "is not in the allowed buckets"),
+                          ("s3://no-such-bucket/job", "does not exist"),
+                          ("s3://empty-bucket/job", "not a trial")):
+        load(path)
+        dash_duo.wait_for_contains_text("#error-message", message, timeout=30)
+        assert path in text(dash_duo, "error-message")
+        assert_no_traceback(dash_duo)
+    assert text(dash_duo, "getnext-count") == str(want["getnext"])  # the last good trial stays
+
+
+def test_bad_paths_show_a_clear_error_and_the_app_keeps_serving(dash_duo, tmp_path):
+    written = write(tmp_path / "trial", epochs=1)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.txt").write_text("not a trial")
+    empty = tmp_path / "empty" / "framework" / "pevents" / "2026112921"
+    empty.mkdir(parents=True)
+    (empty / "1795986612928243_1-algo-1_pythontimeline.json").write_text("")
+    start(dash_duo, tmp_path, tmp_path / "missing")
+    dash_duo.wait_for_contains_text("#error-message", "no such folder", timeout=30)
+    for path, message in ((str(tmp_path / "notes"), "not a trial"),
+                          (str(tmp_path / "empty"), "holds no events"),
+                          ("/etc", "outside the allowed data roots"),
+                          ("", "Type a trial path")):
+        box = dash_duo.find_element("#trial-path")
+        box.clear()
+        box.send_keys(path)
+        dash_duo.find_element("#load-trial").click()
+        dash_duo.wait_for_contains_text("#error-message", message, timeout=30)
+        assert_no_traceback(dash_duo)
+    box = dash_duo.find_element("#trial-path")
+    box.clear()
+    box.send_keys(str(tmp_path / "trial"))
+    box.send_keys("\n")  # Enter loads too
+    wait_loaded(dash_duo, len(written.of_kind("getnext")))
+    dash_duo.wait_for_text_to_equal("#error-message", "", timeout=10)
+
+
+def test_refresh_reads_what_a_running_job_wrote_since(dash_duo, tmp_path):
+    first = write(tmp_path / "trial", epochs=1)
+    start(dash_duo, tmp_path, tmp_path / "trial")
+    wait_loaded(dash_duo, len(first.of_kind("getnext")))
+    later = synthetic.write_trial(str(tmp_path / "trial"), epochs=1, train_batches=11, val_batches=0,
+                                  main_pid=30_000, system=False, start_us=first.events[-1].end_us + 2_000_000)
+    dash_duo.find_element("#refresh-trial").click()
+    wait_loaded(dash_duo, len(first.of_kind("getnext")) + len(later.of_kind("getnext")))
+    assert text(dash_duo, "workers-count") == str(len(first.of_kind("worker")) + len(later.of_kind("worker")))
+
+
+def _independent_counts(trial_folder: str) -> dict:
+    """Counts of DataLoader events read straight off the trace files (phases by process_name)."""
+    counts = {"DataLoaderIterInitialize": 0, "DataLoaderWorker": 0, "DataLoaderIter": 0}
+    for dirpath, _, names in os.walk(os.path.join(trial_folder, "framework")):
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            with open(os.path.join(dirpath, name)) as handle:
+                raw = handle.read().strip()
+            if not raw.endswith("]"):
+                raw = raw.rstrip(",") + "]"
+            events = json.loads(raw)
+            phases = {e["pid"]: e["args"].get("name") for e in events
+                      if e.get("ph") == "M" and e.get("name") == "process_name"}
+            for event in events:
+                phase = phases.get(event.get("pid"))
+                if phase in counts and event.get("ph") in ("X", "B"):
+                    counts[phase] += 1
+    return counts
+
+
+@pytest.mark.skipif(not os.path.isdir(SAMPLE_TRIAL), reason="the bundled sample trial is not recorded yet")
+def test_the_bundled_sample_trial_loads_by_default(dash_duo, tmp_path):
+    counts = _independent_counts(SAMPLE_TRIAL)
+    app = create_app(ServerOptions(cache_dir=str(tmp_path / "cache")))
+    dash_duo.start_server(app, port=free_port())
+    wait_loaded(dash_duo, counts["DataLoaderIter"])
+    assert text(dash_duo, "init-count") == str(counts["DataLoaderIterInitialize"])
+    assert text(dash_duo, "workers-count") == str(counts["DataLoaderWorker"])
+    for graph in GRAPHS:
+        wait_until(lambda: graph_points(dash_duo.driver, graph) > 0, message=f"data in {graph}")
+
+
+def test_gunicorn_workers_share_one_cache(dash_duo, tmp_path):
+    """Two gunicorn workers: the background load, its progress polls and the panels may each
+    be served by either; they meet in the one cache folder."""
+    written = write(tmp_path / "trial", epochs=1)
+    port = free_port()
+    env = dict(os.environ, DASHBOARD_TRIAL=str(tmp_path / "trial"), DASHBOARD_CACHE_DIR=str(tmp_path / "cache"),
+               DASHBOARD_DATA_ROOTS=str(tmp_path))
+    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}",
+                               "--timeout", "60", "app:server"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+
+        def up():
+            try:
+                return urllib.request.urlopen(url, timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_until(up, timeout=30, message="gunicorn")
+        dash_duo.driver.get(url)
+        wait_loaded(dash_duo, len(written.of_kind("getnext")))
+        assert text(dash_duo, "workers-count") == str(len(written.of_kind("worker")))
+        dash_duo.find_element("#refresh-trial").click()  # unchanged: served from the shared cache
+        dash_duo.wait_for_contains_text("#summary", str(tmp_path / "trial"), timeout=20)
+        assert text(dash_duo, "error-message") == ""
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
