@@ -111,7 +111,8 @@ def truncated_json(t: Trial) -> Broken:
     kept = lines[:middle]
     cut = lines[middle][: len(lines[middle]) // 2]
     t.write(key, "\n".join(kept + [cut]))
-    return Broken(lost=t.events_of(key, lines[middle:]), lines={key: (1, r"line %d: not JSON" % (middle + 1))})
+    return Broken(lost=t.events_of(key, lines[middle:]),
+                  lines={key: (1, r"line %d: not JSON" % (middle + 1))})
 
 
 def writer_killed_mid_line(t: Trial) -> Broken:

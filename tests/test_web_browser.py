@@ -87,7 +87,11 @@ def text(dash_duo, element_id: str) -> str:
 
 
 def wait_loaded(dash_duo, getnext_count: int, timeout: float = 40):
-    dash_duo.wait_for_text_to_equal("#getnext-count", str(getnext_count), timeout=timeout)
+    try:
+        dash_duo.wait_for_text_to_equal("#getnext-count", str(getnext_count), timeout=timeout)
+    except Exception:  # say what the page showed instead
+        raise AssertionError(f"getnext-count {text(dash_duo, 'getnext-count')!r}, not {getnext_count}; "
+                             f"error-message {text(dash_duo, 'error-message')!r}") from None
 
 
 def wait_until(condition, timeout=20, message="condition"):
@@ -139,6 +143,16 @@ def scroll_to(driver, element) -> None:
     time.sleep(0.2)
 
 
+def type_path(dash_duo, path: str):
+    """Replace the trial path as a user does (a plain clear() would not reach React)."""
+    dash_duo.clear_input("#trial-path")
+    box = dash_duo.find_element("#trial-path")
+    if path:
+        box.send_keys(path)
+    wait_until(lambda: box.get_attribute("value") == path, message=f"trial-path {path!r}")
+    return box
+
+
 def assert_no_traceback(dash_duo):
     source = dash_duo.driver.page_source
     assert "Traceback" not in source and 'File "' not in source
@@ -176,44 +190,71 @@ def test_loads_a_trial_with_numbers_panels_and_timeline(dash_duo, tmp_path):
     assert os.path.getsize(path) > 50_000
 
 
+def drag(driver, layer, from_px: int, step_px: int, steps: int):
+    """A real mouse drag on a plot's drag layer, from `from_px` (from the layer's left edge)."""
+    chain = ActionChains(driver, duration=50)
+    chain.move_to_element(layer).move_by_offset(from_px - int(layer.rect["width"] / 2), 0).click_and_hold()
+    for _ in range(steps):
+        chain.move_by_offset(step_px, 0)
+    chain.release().perform()
+
+
 def test_dragging_on_the_overview_sets_the_window(dash_duo, tmp_path):
     written = write(tmp_path / "trial")
     start(dash_duo, tmp_path, tmp_path / "trial")
     wait_loaded(dash_duo, len(written.of_kind("getnext")))
     driver = dash_duo.driver
     wait_until(lambda: graph_points(driver, "overview-graph") > 0, message="the overview")
-    before = text(dash_duo, "window-range")
-    layer = dash_duo.find_element("#overview-graph .draglayer > .xy > .nsewdrag")
-    scroll_to(driver, layer)
-    axis = axis_ms(driver, "overview-graph")
-    width = layer.rect["width"]
-    assert abs(width - axis["length"]) <= 1
-    p1, step, steps = round(axis["length"] * 0.3), 30, 8  # drag from 30% to 30% + 240 px
-    chain = ActionChains(driver, duration=50)
-    chain.move_to_element(layer).move_by_offset(p1 - int(width / 2), 0).click_and_hold()
-    for _ in range(steps):
-        chain.move_by_offset(step, 0)
-    chain.release().perform()
+    whole = window_range(dash_duo)
+    layer_css = "#overview-graph .draglayer > .xy > .nsewdrag"
+    scroll_to(driver, dash_duo.find_element(layer_css))
 
-    px_ms = (axis["r1"] - axis["r0"]) / axis["length"]
-    want_lo = (axis["r0"] + p1 * px_ms) * 1000
-    want_hi = (axis["r0"] + (p1 + step * steps) * px_ms) * 1000
-    tolerance_us = 3 * px_ms * 1000  # a pixel or two of rounding on each side
-    wait_until(lambda: text(dash_duo, "window-range") != before, message="a new window")
-    lo, hi = window_range(dash_duo)
-    assert lo == pytest.approx(want_lo, abs=tolerance_us) and hi == pytest.approx(want_hi, abs=tolerance_us)
-    # The detail timeline spans exactly the window.
-    wait_until(lambda: abs(axis_ms(driver, "window-graph")["r0"] * 1000 - lo) <= PLOTLY_DATE_US,
-               message="window-graph range")
-    detail = axis_ms(driver, "window-graph")
-    assert detail["r0"] * 1000 == pytest.approx(lo, abs=PLOTLY_DATE_US)
-    assert detail["r1"] * 1000 == pytest.approx(hi, abs=PLOTLY_DATE_US)
-    # The URL carries the window.
+    def drag_and_check(from_fraction: float, step: int, steps: int):
+        """Drag over the overview; the window must be the dragged span (to a few pixels)."""
+        before = text(dash_duo, "window-range")
+        axis = axis_ms(driver, "overview-graph")
+        layer = dash_duo.find_element(layer_css)
+        assert abs(layer.rect["width"] - axis["length"]) <= 1
+        p1 = round(axis["length"] * from_fraction)
+        drag(driver, layer, p1, step, steps)
+        px_ms = (axis["r1"] - axis["r0"]) / axis["length"]
+        want_lo = (axis["r0"] + p1 * px_ms) * 1000
+        want_hi = (axis["r0"] + (p1 + step * steps) * px_ms) * 1000
+        tolerance_us = 3 * px_ms * 1000  # a pixel or two of rounding on each side
+        wait_until(lambda: text(dash_duo, "window-range") != before, message="a new window")
+        lo, hi = window_range(dash_duo)
+        assert lo == pytest.approx(want_lo, abs=tolerance_us) and hi == pytest.approx(want_hi, abs=tolerance_us)
+        # The detail timeline spans exactly the window; so does the overview.
+        for graph in ("window-graph", "overview-graph"):
+            wait_until(lambda: abs(axis_ms(driver, graph)["r0"] * 1000 - lo) <= PLOTLY_DATE_US,
+                       message=f"{graph} range")
+            assert axis_ms(driver, graph)["r1"] * 1000 == pytest.approx(hi, abs=PLOTLY_DATE_US)
+        return lo, hi
+
+    # A zoom drag (the default drag mode).
+    lo, hi = drag_and_check(0.3, 30, 8)
     query = urllib.parse.parse_qs(urllib.parse.urlparse(driver.current_url).query)
-    assert iso_us(query["start"][0]) == lo and iso_us(query["end"][0]) == hi
+    assert iso_us(query["start"][0]) == lo and iso_us(query["end"][0]) == hi  # the URL carries it
     # Double-click: the whole job again.
-    ActionChains(driver).double_click(layer).perform()
-    wait_until(lambda: window_range(dash_duo)[1] - window_range(dash_duo)[0] > hi - lo, message="whole job")
+    ActionChains(driver).double_click(dash_duo.find_element(layer_css)).perform()
+    wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
+    # A box select.
+    ActionChains(driver).move_to_element(dash_duo.find_element("#overview-graph")).perform()
+    dash_duo.find_element("#overview-graph .modebar-btn[data-val='select']").click()
+    lo, hi = drag_and_check(0.5, 25, 6)
+    # The range slider: its left handle moved right narrows the window from the left.
+    handle = dash_duo.find_element("#overview-graph .rangeslider-grabber-min")
+    before = window_range(dash_duo)
+    chain = ActionChains(driver, duration=50).move_to_element(handle).click_and_hold()
+    for _ in range(4):
+        chain.move_by_offset(10, 0)
+    chain.release().perform()
+    wait_until(lambda: window_range(dash_duo) != before, message="the slider's window")
+    slid = window_range(dash_duo)
+    assert before[0] < slid[0] < slid[1] and slid[1] == pytest.approx(before[1], abs=PLOTLY_DATE_US)
+    # The button: the whole job.
+    dash_duo.find_element("#window-whole-job").click()
+    wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
 
 
 def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):
@@ -242,6 +283,21 @@ def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):
         return Array.from(trace.x).filter((v, i) => i % 4 === 0);
     """)
     assert any(abs(v * 1000 - want["outliers"][1].start_us) <= 1 for v in bars)
+
+    # The two filters of the window, as plot_the_window's select_events / select_dimensions.
+    def trace_names():
+        return set(driver.execute_script("""
+            return document.querySelector('#window-graph .js-plotly-plot')._fullData.map((t) => t.name);"""))
+
+    assert {"DataLoaderIter", "Step:ModeKeys.TRAIN", "cpu0", "cpu1", "MemoryUsedPercent"} <= trace_names()
+    for box, value in (("#select-events", "GetNext"), ("#select-dimensions", "cpu0")):
+        dash_duo.clear_input(box)
+        dash_duo.find_element(box).send_keys(value + "\n")
+    wait_until(lambda: trace_names() == {"DataLoaderIter", "cpu0"}, message="filtered window")
+    dash_duo.clear_input("#select-events")
+    dash_duo.find_element("#select-events").send_keys("(\n")
+    dash_duo.wait_for_contains_text("#window-error", "invalid regular expression", timeout=10)
+    assert window_range(dash_duo) == (want_lo, want_hi)
 
 
 def test_a_link_opens_the_same_trial_node_and_window(dash_duo, tmp_path):
@@ -274,9 +330,7 @@ def test_loads_a_trial_from_s3_and_shows_s3_errors(dash_duo, tmp_path, s3_client
     dash_duo.wait_for_contains_text("#error-message", "no such folder", timeout=30)
 
     def load(path):
-        box = dash_duo.find_element("#trial-path")
-        box.clear()
-        box.send_keys(path)
+        type_path(dash_duo, path)
         dash_duo.find_element("#load-trial").click()
 
     load("s3://trials/job-1/profiler-output")
@@ -310,16 +364,11 @@ def test_bad_paths_show_a_clear_error_and_the_app_keeps_serving(dash_duo, tmp_pa
                           (str(tmp_path / "empty"), "holds no events"),
                           ("/etc", "outside the allowed data roots"),
                           ("", "Type a trial path")):
-        box = dash_duo.find_element("#trial-path")
-        box.clear()
-        box.send_keys(path)
+        type_path(dash_duo, path)
         dash_duo.find_element("#load-trial").click()
         dash_duo.wait_for_contains_text("#error-message", message, timeout=30)
         assert_no_traceback(dash_duo)
-    box = dash_duo.find_element("#trial-path")
-    box.clear()
-    box.send_keys(str(tmp_path / "trial"))
-    box.send_keys("\n")  # Enter loads too
+    type_path(dash_duo, str(tmp_path / "trial")).send_keys("\n")  # Enter loads too
     wait_loaded(dash_duo, len(written.of_kind("getnext")))
     dash_duo.wait_for_text_to_equal("#error-message", "", timeout=10)
 

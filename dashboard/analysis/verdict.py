@@ -21,13 +21,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
 from .. import format as fmt
 from ..trial.load import host_of
-from .dataloader import DEFAULT_OUTLIER_FACTOR, iterator_class, iterator_segments
+from .dataloader import DEFAULT_OUTLIER_FACTOR, iterator_classes, iterator_segments
 
 # --- thresholds -----------------------------------------------------------------------
 
@@ -71,8 +72,8 @@ PERIOD_MIN_STALLS = 4
 PERIOD_GAP_SHARE = 0.75
 PERIOD_COVERAGE = 0.5
 PERIOD_MAX = 64
-# Worker-count advice needs the job input-bound without the first batch of each iterator
-# (start-up has its own findings), by MODERATELY_INPUT_BOUND_PERCENT; and it is left out
+# Worker-count advice needs the job input-bound without the first and last GetNext of each
+# iterator (start-up, shutdown), by MODERATELY_INPUT_BOUND_PERCENT; and it is left out
 # when a slow worker or storage stalls explain at least this share of the wait (those are
 # the fix; more workers would only dilute them).
 EXPLAINED_SHARE = 0.5
@@ -134,12 +135,12 @@ class _Loader:
     calls: pd.DataFrame  # its GetNexts: start_us, end_us, duration_us, worker_id, segment, index
     segments: int
 
-    @property
+    @cached_property
     def steady(self) -> pd.DataFrame:
         """GetNexts after the first of each iterator (the first pays start-up)."""
         return self.calls[self.calls["index"] > 0]
 
-    @property
+    @cached_property
     def steady_median_us(self) -> float | None:
         steady = self.steady["duration_us"]
         return float(steady.median()) if len(steady) >= MIN_BATCHES else None
@@ -203,18 +204,25 @@ def _in_windows(times: np.ndarray, windows: list[tuple[int, int]]) -> np.ndarray
 def _training_steps(framework: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     steps = framework[framework["kind"] == fmt.KIND_STEP]
     if len(steps):
-        label = steps["phase"].astype(str) + " " + steps["name"].astype(str)
-        steps = steps[~label.str.contains(_EVAL_RE)]
+        steps = steps[~(_matches(steps["phase"], _EVAL_RE) | _matches(steps["name"], _EVAL_RE))]
     order = np.argsort(steps["start_us"].to_numpy(), kind="stable")
     return steps["start_us"].to_numpy()[order], steps["end_us"].to_numpy()[order]
+
+
+def _matches(values: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Rows whose (categorical) value the pattern finds, decided once per category."""
+    values = values.astype("category")
+    hit = np.array([bool(pattern.search(str(c))) for c in values.cat.categories] + [False])
+    return hit[values.cat.codes.to_numpy()]
 
 
 def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Per GetNext, the training step its batch fed (index into starts), or -1.
 
     That is the step containing the GetNext (Kineto: `ProfilerStep` spans the whole
-    iteration) or else the first step starting before the process's next GetNext
-    (smdebug: the step event follows the GetNext).
+    iteration), for the first GetNext of the process in it only (a validation loop run
+    inside a training step fed none), or else the first step starting before the
+    process's next GetNext (smdebug: the step event follows the GetNext).
     """
     if not len(starts) or calls.empty:
         return np.full(len(calls), -1)
@@ -224,7 +232,9 @@ def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.
     containing = (before >= 0) & (ends[np.clip(before, 0, None)] > call_start)
     after = np.searchsorted(starts, call_start, side="left")
     following = (after < len(starts)) & (starts[np.clip(after, None, len(starts) - 1)] < next_start)
-    return np.where(containing, before, np.where(following, after, -1))
+    own = np.where(containing, before, np.where(following, after, -1))
+    later_in_step = pd.DataFrame({"pid": calls["pid"].to_numpy(), "own": own}).duplicated().to_numpy()
+    return np.where(later_in_step & containing, -1, own)
 
 
 def _system_series(system: pd.DataFrame, host: str, node: str):
@@ -291,7 +301,7 @@ def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
     calls = framework[getnext_mask]
     calls = pd.DataFrame({
         "node": calls["node"].astype(str), "pid": calls["pid"].fillna(-1).astype("int64"),
-        "cls": calls["name"].astype(str).map(iterator_class),
+        "cls": iterator_classes(calls["name"]).astype(str),
         "start_us": calls["start_us"].astype("int64"), "end_us": calls["end_us"].astype("int64"),
         "duration_us": calls["duration_us"].astype("int64"), "worker_id": calls["worker_id"],
         "num_workers": calls["num_workers"], "iterator_id": calls["iterator_id"], "segment": segment},
@@ -303,35 +313,34 @@ def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
     inits_all = framework[framework["kind"] == fmt.KIND_INIT]
     inits_all = pd.DataFrame({
         "node": inits_all["node"].astype(str), "pid": inits_all["pid"].fillna(-1).astype("int64"),
-        "cls": inits_all["name"].astype(str).map(iterator_class),
+        "cls": iterator_classes(inits_all["name"]).astype(str),
         "start_us": inits_all["start_us"].astype("int64"), "end_us": inits_all["end_us"].astype("int64"),
         "duration_us": inits_all["duration_us"].astype("int64"),
         "num_workers": inits_all["num_workers"], "pin_memory": inits_all["pin_memory"]}
     ).sort_values("start_us", kind="stable")
 
     out = []
-    fw_nodes = framework["node"].astype(str)
     for node, node_calls in calls.groupby("node", sort=True):
-        node_fw = framework[fw_nodes == node]
+        node_fw = framework[(framework["node"] == node).to_numpy()]
         starts, ends = _training_steps(node_fw)
         own = _own_steps(node_calls, starts, ends)
         node_calls = node_calls.assign(own_step=own, training=own >= 0)
         seg_stats = node_calls.groupby("segment", sort=False).agg(
-            share=("training", "mean"), first_start=("start_us", "min"), last_end=("end_us", "max"))
+            share=("training", "mean"), lo=("start_us", "first"), hi=("end_us", "max"),
+            first_step=("own_step", "first"), last_step=("own_step", "last"))
         has_steps = len(starts) > 0
         training = list(seg_stats.index[seg_stats["share"] >= 0.5]) if has_steps else []
         steps_matched = bool(training)
         if not training:
             training = list(seg_stats.index)
         windows = []
-        for seg in training:
-            group = node_calls[node_calls["segment"] == seg]
-            lo, hi = int(group["start_us"].iloc[0]), int(group["end_us"].max())
-            first_step, last_step = int(group["own_step"].iloc[0]), int(group["own_step"].iloc[-1])
-            if steps_matched and first_step >= 0:
-                lo = min(lo, int(starts[first_step]))
-            if steps_matched and last_step >= 0:
-                hi = max(hi, int(ends[last_step]))
+        for seg in seg_stats.loc[training].itertuples():
+            lo, hi = int(seg.lo), int(seg.hi)
+            # widened to the steps the first and last batches fed
+            if steps_matched and seg.first_step >= 0:
+                lo = min(lo, int(starts[seg.first_step]))
+            if steps_matched and seg.last_step >= 0:
+                hi = max(hi, int(ends[seg.last_step]))
             windows.append((lo, hi))
         inits = inits_all[inits_all["node"] == node]
         cpu, iowait, cores, gpus = _system_series(system, host_of(node), node)
@@ -442,9 +451,10 @@ def _persistent_workers(node: _Node) -> list[Recommendation]:
         if not _worth(node, saving_us):
             continue
         init_us = float(group["duration_us"].median())
-        text = (f"Workers are re-created every epoch: {cls} with num_workers={int(workers)} was initialized "
+        name = cls.split("#", 1)[1] if cls.startswith("enumerate(") else cls
+        text = (f"Workers are re-created every epoch: {name} with num_workers={int(workers)} was initialized "
                 f"{count} times on {node.node}, each start costing about {_s(startup_us)} "
-                f"(initialization {_s(init_us)} plus a first batch slower than the median "
+                f"(initialization {_s(init_us)}, and the first batch's wait beyond the median GetNext of "
                 f"{_s(baseline)}). Set `persistent_workers=True` on this DataLoader so its workers start "
                 f"once: saves about ({count} - 1) x {_s(startup_us)} = {_s(saving_us)}.")
         found.append(Recommendation("persistent_workers", text, {
@@ -508,7 +518,11 @@ def _workers(node: _Node) -> list[Recommendation]:
     training_us = node.training_us
     if baseline is None or not batches or training_us <= 0:
         return []
-    steady_percent = 100.0 * float(calls.loc[calls["index"] > 0, "duration_us"].sum()) / training_us
+    # Without each iterator's first GetNext (start-up) and last (with Kineto the StopIteration
+    # call, which shuts the workers down): more workers cut neither.
+    last = calls.groupby("segment", sort=False)["index"].transform("max")
+    steady_us = float(calls.loc[(calls["index"] > 0) & (calls["index"] < last), "duration_us"].sum())
+    steady_percent = 100.0 * steady_us / training_us
     if steady_percent < MODERATELY_INPUT_BOUND_PERCENT:
         return []  # the wait is the start-up's, which its own findings explain
     batch_us = training_us / batches
@@ -530,7 +544,7 @@ def _workers(node: _Node) -> list[Recommendation]:
             new_batch = max(compute_us, wait_us / suggested)
         else:
             new_batch = max(compute_us, batch_us * current / suggested)
-        return max(0.0, (batch_us - new_batch) * batches)
+        return min(max(0.0, (batch_us - new_batch) * batches), wait_us * batches)  # never over the wait
 
     cap = max(1, cores - 1) if cores else MAX_SUGGESTED_WORKERS  # one core for the main process
     if loader.num_workers == 0:
@@ -711,7 +725,7 @@ def _slow_worker_by_id(node, loader, known, baseline, factor) -> Recommendation 
     text = (f"Worker {worker} of {_loader_name(loader)} on {node.node} is slow: "
             + (f"it takes {_s(fetch_median)} median to fetch a batch against {_s(fetch_others)} for the "
                f"other workers, and " if fetch_median is not None else "")
-            + f"its batches wait {_s(median)} median against {_s(others_median)} for the other workers'"
+            + f"its batches wait {_s(median)} median against {_s(others_median)} for the other workers' batches"
             + (f"; {on_worker} of the {stalls_total} GetNext stalls are its batches" if on_worker else "")
             + f" (batches {batches}{'...' if len(slow) > 10 else ''}). With in-order delivery every batch "
             f"queued behind it waits too (head-of-line blocking). Find why that worker is slow (a shard "
@@ -739,7 +753,9 @@ def _slow_worker_by_period(node, loader, factor) -> Recommendation | None:
     threshold = max(factor * max(ready, 1.0), baseline)
     hits = []
     for segment, group in loader.calls.groupby("segment", sort=False):
-        stalls = group[(group["index"] > 0) & (group["duration_us"] > threshold)]
+        # not the first (start-up) nor the last (Kineto: StopIteration, shutting workers down)
+        inner = group[(group["index"] > 0) & (group["index"] < group["index"].max())]
+        stalls = inner[inner["duration_us"] > threshold]
         if len(stalls) < PERIOD_MIN_STALLS:
             continue
         gaps = np.diff(stalls["index"].to_numpy())

@@ -51,6 +51,10 @@ def _on_sigterm(signum, frame):
     raise SystemExit(128 + signal.SIGTERM)
 
 
+# Forked DataLoader workers inherit this handler; worker.py puts its own in its place.
+_on_sigterm.dashboard_collector_cli = True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, command = _split(argv)

@@ -19,6 +19,7 @@ reads the spool one last time, closes every file and finishes the uploads.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import queue
@@ -84,10 +85,17 @@ class SinkConfig:
 
 
 class _Loader:
-    __slots__ = ("batches",)
+    __slots__ = ("batches", "init_starts", "init_ids")
 
     def __init__(self):
         self.batches = 0  # GetNexts served so far: the step_num of the next one
+        self.init_starts: list[int] = []  # iter() start (us) of each of its iterators, in order
+        self.init_ids: list[int] = []
+
+    def iterator_at(self, time_us: int, default: int) -> int:
+        """The iterator id of this loader's latest iter() started by `time_us`."""
+        at = bisect.bisect_right(self.init_starts, time_us) - 1
+        return self.init_ids[at] if at >= 0 else default
 
 
 class _Iterator:
@@ -130,20 +138,24 @@ class _Uploader:
             key, path = item
             for attempt in range(UPLOAD_ATTEMPTS):
                 try:
-                    if self._store is None:
-                        from ..trial.store import S3Store
+                    from ..trial.errors import TrialAccessError, TrialNotFoundError
+                    from ..trial.store import S3Store
 
+                    if self._store is None:
                         self._store = S3Store(self.url)
                     self._store.put_file(key, path)
                     os.remove(path)
                     self.uploaded += 1
                     break
                 except Exception as exc:
-                    if attempt + 1 == UPLOAD_ATTEMPTS:
-                        warn(f"cannot upload {key} to {self.url} ({exc}); kept at {path}")
+                    # No bucket, no access: trying again will not help (boto3 already
+                    # retried throttling and connection errors on its own).
+                    permanent = isinstance(exc, (TrialAccessError, TrialNotFoundError))
+                    if permanent or attempt + 1 == UPLOAD_ATTEMPTS:
+                        warn(f"cannot upload {key} ({exc}); kept at {path}")
                         self.failed.append(path)
-                    else:
-                        time.sleep(2 ** attempt)
+                        break
+                    time.sleep(2 ** attempt)
 
     def finish(self, timeout_s: float) -> bool:
         self.queue.put(None)
@@ -371,6 +383,9 @@ class Sink:
             start_us, end_us = int(record["t0"]) // 1000, int(record["t1"]) // 1000
             info = _Iterator(iid, cls, loader, pid, record.get("nw"), start_us, loader.batches)
             self.iterators[iid] = info
+            if not loader.init_starts or start_us >= loader.init_starts[-1]:
+                loader.init_starts.append(start_us)
+                loader.init_ids.append(iid)
             args = {fmt.ARG_PID: pid, fmt.ARG_NUM_WORKERS: record.get("nw"),
                     fmt.ARG_PIN_MEMORY: bool(record.get("pin")),
                     fmt.ARG_PERSISTENT: bool(record.get("pers")),
@@ -454,17 +469,21 @@ class Sink:
                         start_us, end_us, args)
 
     def write_fetches(self, start: dict, fetches: list) -> None:
+        """Fetch events of one worker. A persistent worker serves every epoch's iterator:
+        each fetch goes to the iterator of its loader whose iter() came last before it."""
         trace_pid = self.trace.phase_pid(fmt.PHASE_WORKER_FETCH)
         head = ',\n{"name": %s, "pid": %d, "ph": "X", "ts": %%d, "dur": %%d, "args": {"pid": %d, ' % (
             _dumps(fetch_event_name(self._worker_class(start["iid"]))), trace_pid, start["pid"])
-        template = head + '"worker_id": %d, "iterator_id": %d, "collate_us": %%d}}' % (
-            start["worker_id"], start["iid"])
+        template = head + '"worker_id": %d, "iterator_id": %%d, "collate_us": %%d}}' % start["worker_id"]
+        spawned_by = self.iterators.get(start["iid"])
+        loader = spawned_by.loader if spawned_by is not None else None
         base = self._base_us
         parts = []
         first_us, last_us = None, 0
         for t0, t1, collate_ns in fetches:
             start_us, end_us = t0 // 1000, t1 // 1000
-            parts.append(template % (start_us - base, max(0, end_us - start_us), max(0, collate_ns) // 1000))
+            iid = loader.iterator_at(start_us, start["iid"]) if loader is not None else start["iid"]
+            parts.append(template % (start_us - base, max(0, end_us - start_us), iid, max(0, collate_ns) // 1000))
             first_us = start_us if first_us is None else min(first_us, start_us)
             last_us = max(last_us, end_us)
         self.trace.write_events("".join(parts), first_us, last_us)

@@ -138,10 +138,13 @@ class _Recorder:
             data = data[written:]
 
     def fetched(self, start_ns: int, end_ns: int) -> None:
-        self.pending.append(f"F {start_ns} {end_ns} {self.collate_ns}\n")
-        self.collate_ns = 0
-        if len(self.pending) >= FLUSH_EVERY_RECORDS or end_ns - self.last_flush_ns >= FLUSH_EVERY_S * 1e9:
-            self.flush(end_ns)
+        try:
+            self.pending.append(f"F {start_ns} {end_ns} {self.collate_ns}\n")
+            self.collate_ns = 0
+            if len(self.pending) >= FLUSH_EVERY_RECORDS or end_ns - self.last_flush_ns >= FLUSH_EVERY_S * 1e9:
+                self.flush(end_ns)
+        except Exception:  # never into torch's fetch
+            pass
 
     def flush(self, now_ns: int | None = None) -> None:
         if self.finished or not self.pending:
@@ -173,7 +176,8 @@ class _Recorder:
     def _install_sigterm(self) -> None:
         """Record the end when terminated, then die of SIGTERM as before."""
         try:
-            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            current = signal.getsignal(signal.SIGTERM)
+            if current is not signal.SIG_DFL and not getattr(current, "dashboard_collector_cli", False):
                 return  # someone else's handler: leave it alone
 
             def on_sigterm(signum, frame):

@@ -55,6 +55,7 @@ DEFAULT_HOST = "algo-1"
 
 GETNEXT_PREFIXES = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
 STEP_PREFIX = "ProfilerStep#"
+_KEPT_PREFIXES = GETNEXT_PREFIXES + (STEP_PREFIX,)
 SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
 
 # `"name": "<prefix>` of a kept event; JSON allows whitespace around the colon.
@@ -167,7 +168,7 @@ class _Scanner:
 
     def _take(self, obj: dict) -> None:
         name, cat = obj.get("name"), obj.get("cat")
-        if obj.get("ph") != "X" or not isinstance(name, str):
+        if obj.get("ph") != "X" or not isinstance(name, str) or not name.startswith(_KEPT_PREFIXES):
             return  # flow or instant events carry the name too
         if isinstance(cat, str) and cat.startswith("gpu_"):
             return  # the GPU-side copy of an annotation (gpu_user_annotation)
@@ -284,7 +285,7 @@ def parse_kineto_file(data: bytes, key: str) -> ParsedFile:
 
     `data` is the file as stored (gzip-compressed when `key` ends with .gz).
     """
-    gz = key.endswith(".gz")
+    gz = key.endswith(".gz") or data[:2] == b"\x1f\x8b"  # (a .gz renamed without its suffix too)
     try:
         scanner = _scan(data, gz)
     except (OSError, EOFError, zlib.error) as exc:

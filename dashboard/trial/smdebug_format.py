@@ -318,7 +318,8 @@ def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str
         base_us = 0
     # Absolute times must be epoch microseconds that int64 holds (a corrupt 1e300 is not).
     start_f = pc.add(ts, float(base_us))
-    in_range = pc.and_(pc.greater_equal(start_f, 0.0), pc.less(pc.add(start_f, dur), _MAX_US)).fill_null(False)
+    in_range = pc.and_(pc.greater_equal(start_f, 0.0),
+                       pc.less(pc.add(start_f, dur), _MAX_US)).fill_null(False)
     out_of_range = pc.sum(pc.and_(valid, pc.invert(in_range))).as_py() or 0
     if out_of_range:
         problems.append(f"{out_of_range} event(s) with a time outside 1970..{_MAX_YEAR}")

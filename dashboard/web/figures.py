@@ -37,6 +37,7 @@ PHASE_COLORS = {
 PHASE_ORDER = [fmt.PHASE_INIT, fmt.PHASE_ITER, fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH,
                fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_EVAL]
 MAX_GANTT_ROWS = 40
+MAX_LEGEND_ITEMS = 8  # a subplot with more series (many CPU cores) names them on hover only
 METRIC_ROW_PX = 120
 GANTT_ROW_PX = 22
 
@@ -314,7 +315,7 @@ def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: s
     bottom_px = legend_px + (40 if rows.labels else 0)
     plot_px = sum(heights) + gap_px * (len(heights) - 1)
     total_px = plot_px + top_px + bottom_px
-    layout = {"template": TEMPLATE, "height": total_px, "showlegend": bool(rows.labels),
+    layout = {"template": TEMPLATE, "height": total_px, "showlegend": True,
               "margin": {"l": 60, "r": 20, "t": top_px, "b": bottom_px}, "annotations": [],
               "uirevision": uirevision}
     if title:
@@ -345,7 +346,13 @@ def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: s
     system_budget = max_points // 2 if rows.labels else max_points
     per_series = max(20, min(decimate.DEFAULT_BUCKETS, system_budget // (2 * max(1, len(series)))))
     row_of = {g: i for i, g in enumerate(groups)}
+    in_row = [sum(1 for s in series if row_of[(s[0], s[1])] == r) for r in range(len(groups))]
     color_index: dict[int, int] = {}
+    for r, count in enumerate(in_row):
+        if count <= MAX_LEGEND_ITEMS:  # each subplot its own legend, on its title line
+            top_of_row = layout[f"yaxis{r + 1 if r else ''}"]["domain"][1]
+            layout[f"legend{r + 2}"] = {"orientation": "h", "x": 1, "xanchor": "right", "y": top_of_row,
+                                        "yanchor": "bottom", "font": {"size": 11}, "bgcolor": "rgba(0,0,0,0)"}
     for order, group_title, label, x, y in series:
         r = row_of[(order, group_title)]
         keep = decimate.minmax_indices(x, y, per_series, lo, hi)
@@ -353,7 +360,8 @@ def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: s
         color_index[r] = color_index.get(r, 0) + 1
         data.append({"type": "scatter", "x": typed_array(us_to_ms(x[keep])), "y": typed_array(y[keep]),
                      "mode": "lines", "name": label, "xaxis": axes[r][0], "yaxis": axes[r][1],
-                     "line": {"width": 1.3, "color": color}, "showlegend": False,
+                     "line": {"width": 1.3, "color": color}, "legend": f"legend{r + 2}",
+                     "showlegend": in_row[r] <= MAX_LEGEND_ITEMS,
                      "hovertemplate": f"{label}: %{{y:.4g}}<extra>{group_title}</extra>"})
     if rows.labels:
         used = sum(len(t["x"]["bdata"]) * 3 // 4 // 8 for t in data)

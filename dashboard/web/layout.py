@@ -97,7 +97,9 @@ _TABLE_STYLE = dict(
 
 def _graph(id_: str, figure=None, **config) -> dcc.Graph:
     return dcc.Graph(id=id_, figure=figure or figures.empty_figure_spec("No trial loaded yet"),
-                     config={"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d"], **config})
+                     # No "Share chart" button: it would upload the trial's data to Plotly's cloud.
+                     config={"displaylogo": False, "showSendToCloud": False, "showEditInChartStudio": False,
+                             "modeBarButtonsToRemove": ["lasso2d", "sendChartToCloud"], **config})
 
 
 def _stat(label: str, id_: str, unit: str = "") -> html.Div:
