@@ -21,16 +21,24 @@ def _analyze(args) -> int:
     from dashboard.trial.errors import TrialError
 
     try:
-        result = analyze(args.trial, node=args.node, outlier_factor=args.outlier_factor)
+        result = analyze(args.trial, node=args.node, outlier_factor=args.outlier_factor,
+                         max_bytes=args.max_bytes, max_events=args.max_events)
     except TrialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    if args.json:
-        sys.stdout.write(json.dumps(to_dict(result), allow_nan=False) + "\n")
-    else:
-        print(to_text(result))
+    except Exception as exc:  # a bug of ours: still one line, no traceback for the user
+        print(f"error: {args.trial}: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+    try:
+        if args.json:
+            sys.stdout.write(json.dumps(to_dict(result), allow_nan=False) + "\n")
+        else:
+            print(to_text(result))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `analyze ... | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
@@ -43,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--node", help="only this node (framework node id or host, e.g. algo-1)")
     analyze.add_argument("--outlier-factor", type=float, default=2.0,
                          help="an outlier is a value above this x the median (default 2)")
+    analyze.add_argument("--max-bytes", type=int, help="refuse trials larger than this many bytes")
+    analyze.add_argument("--max-events", type=int, help="refuse trials with more events than this")
     from dashboard.web.options import add_serve_arguments
 
     serve = sub.add_parser("serve", help="serve the dashboard (the default)")

@@ -82,6 +82,8 @@ def to_dict(result: TrialAnalysis) -> dict:
         "nodes": trial.nodes,
         "files": trial.report.to_dict(),
         "lines_skipped": trial.report.lines_skipped,
+        "lines_skipped_in": [{"path": f.path, "reason": f.reason}
+                             for f in trial.report.files_with_skipped_lines],
         "initialization": {
             "count": None if unknown else init.count, "median_us": _num(init.median_us),
             "max_us": _num(init.max_us),
