@@ -43,7 +43,8 @@ class TrialAnalysis:
     @cached_property
     def assessment(self) -> verdict_analysis.Assessment:
         """Input-bound verdict (trial and per node) and recommendations, computed once."""
-        return verdict_analysis.assess(self.trial.framework, self.trial.system, self.dataloader.outlier_factor)
+        return verdict_analysis.assess(self.trial.framework, self.trial.system,
+                                       self.dataloader.outlier_factor)
 
     @property
     def verdict(self) -> verdict_analysis.Verdict:

@@ -282,7 +282,7 @@ def test_fork_two_loaders_non_persistent_with_a_slow_sample(tmp_path):
         "epochs": 3,
         "loaders": [
             {"name": "train", "n": 96, "batch_size": 4, "num_workers": 2, "context": "fork",
-             "slow_index": 53, "slow_s": 0.4},
+             "slow_index": 53, "slow_s": 0.6},
             {"name": "val", "n": 24, "batch_size": 8, "num_workers": 0},
         ],
         "options": {"worker_fetch": True, "system_interval_s": 0.2},
@@ -307,11 +307,12 @@ def test_fork_two_loaders_non_persistent_with_a_slow_sample(tmp_path):
         hit = outliers[(outliers["start_us"] <= end_us) & (outliers["end_us"] >= start_us)]
         longest = hit.sort_values("duration_us").iloc[-1]  # the wait for the slow batch
         assert int(longest["worker_id"]) == slow["worker_id"], (slow, hit)
+        # Less than the 0.6 s read when the batch was requested ahead (prefetch) of the wait.
         assert int(longest["duration_us"]) >= 0.3e6
     # The fetch inside the worker: one per train batch, the slow one on its worker.
     fetches = events_of(trial, fmt.KIND_FETCH)
     assert len(fetches) == 3 * 24
-    slow_fetches = fetches[fetches["duration_us"] >= 0.4e6]
+    slow_fetches = fetches[fetches["duration_us"] >= 0.6e6]
     assert sorted(slow_fetches["worker_id"].astype(int)) == sorted(s["worker_id"] for s in truth["slow"])
     assert sorted(slow_fetches["pid"]) == sorted(s["pid"] for s in truth["slow"])
     # Time to first batch: one per iter(), from the iter() call to its first batch.

@@ -337,3 +337,46 @@ def test_collector_imports_neither_pandas_nor_dash():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=root), check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_gpu_metrics_through_nvml(monkeypatch):
+    """NVML answers as the real library does (nvidia-ml-py's `pynvml` module)."""
+    import types
+
+    from dashboard.collector.system import SystemSampler
+
+    memory = types.SimpleNamespace(used=3 * 2**30, total=12 * 2**30)
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: f"gpu-{i}",
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=40 if h == "gpu-0" else 90, memory=5),
+        nvmlDeviceGetMemoryInfo=lambda h: memory)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sampler = SystemSampler(lambda records: None, interval_s=0.1, gpu=True)
+    from dashboard.collector.system import _Gpus
+
+    sampler._gpus = _Gpus()
+    sampler.sample()
+    gpus = {(r[1], r[2]): r[3] for r in sampler.sample() if r[0] == "gpu"}
+    assert gpus == {("gpu0", "GPUUtilization"): 40.0, ("gpu0", "GPUMemoryUtilization"): 25.0,
+                    ("gpu1", "GPUUtilization"): 90.0, ("gpu1", "GPUMemoryUtilization"): 25.0}
+
+
+def test_s3_output_without_a_bucket_keeps_the_files(tmp_path, s3_endpoint, capfd):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dashboard.collector import profile_dataloaders
+
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4)
+    with profile_dataloaders("s3://no-such-bucket/job", sidecar=False, system_interval_s=None) as collector:
+        assert _loop(loader) == 2  # training goes on
+    assert collector.sink_returncode == 0
+    message = capfd.readouterr().err
+    assert "cannot upload framework/pevents/" in message and "does not exist" in message
+    kept = message.split("kept at ")[1].split()[0]
+    events = json.loads(open(kept).read())
+    assert len([e for e in events if e.get("ph") == "X" and "GetNext" in e["name"]]) == 2
+    import shutil
+
+    shutil.rmtree(kept[:kept.index("/framework/")])

@@ -33,6 +33,7 @@ from dashboard.trial.load import classify_key
 from conftest import upload_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.torch
 MP_NEXT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 SP_NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 HOST = socket.gethostname()
@@ -140,6 +141,14 @@ def test_a_plain_trace_with_two_loaders_is_a_trial(two_loaders):
     text = to_text(dashboard.analyze(trial))
     assert "Iterator initializations: not recorded" in text and "Worker processes: not recorded" in text
     assert text.index("Not recorded") < text.index("Trial ")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "app.py"), "analyze", two_loaders["folder"],
+                          "--json"], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    cli = json.loads(out)
+    assert cli["format"] == "kineto" and cli["initialization"]["count"] is None
+    assert set(cli["verdict"]) == {"input_percent", "class", "basis"}
+    assert cli["verdict"]["class"] in ("highly", "moderately", "not")
+    assert list(cli["nodes_verdict"]) == [f"0-{HOST}"]
+    assert all(set(r) == {"id", "text", "evidence", "saving_s"} for r in cli["recommendations"])
 
 
 def test_times_match_an_independent_read_of_the_trace(two_loaders):
@@ -200,7 +209,8 @@ def test_ranks_from_distributed_info_become_nodes(tmp_path):
         loader = DataLoader(TensorDataset(torch.randn(8 * (rank + 2), 4)), batch_size=4, num_workers=0)
         calls = 0
         with profile(activities=[ProfilerActivity.CPU],
-                     on_trace_ready=tensorboard_trace_handler("{tmp_path}/trial", worker_name=f"rank{{rank}}")):
+                     on_trace_ready=tensorboard_trace_handler("{tmp_path}/trial",
+                                                              worker_name=f"rank{{rank}}")):
             it = iter(loader)
             while True:
                 calls += 1
@@ -220,7 +230,8 @@ def test_ranks_from_distributed_info_become_nodes(tmp_path):
     assert trial.nodes == [f"0-{HOST}", f"1-{HOST}"]
     calls = gets(trial)
     for out in outs:
-        assert (calls["node"].astype(str) == f"{out['rank']}-{HOST}").sum() == out["calls"] == (out["rank"] + 2) * 2 + 1
+        on_node = (calls["node"].astype(str) == f"{out['rank']}-{HOST}").sum()
+        assert on_node == out["calls"] == (out["rank"] + 2) * 2 + 1  # batches + StopIteration
     result = dashboard.analyze(trial)
     assert set(result.nodes_verdict) == set(trial.nodes)
 

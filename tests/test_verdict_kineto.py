@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 import dashboard
 
+pytestmark = pytest.mark.torch
 
 class Samples(Dataset):
     """n samples; each takes `sleep_s` to load (only on worker `slow_worker`, if given)."""
@@ -118,3 +119,52 @@ def test_clean_run_gets_no_findings(tmp_path):
     assert result.verdict.input_percent == pytest.approx(measured_percent(calls), abs=2)
     assert result.verdict.class_ == "not"
     assert result.recommendations == []
+
+
+def test_profiler_steps_tell_training_from_a_validation_loop_inside_them(tmp_path):
+    """prof.step() per training batch: the validation loop runs inside a training step and
+    waits a lot; its GetNexts and its time are not training's."""
+    from torch.profiler import schedule
+
+    train = DataLoader(Samples(24, sleep_s=0.005), batch_size=2, num_workers=2)
+    val = DataLoader(Samples(12, sleep_s=0.02), batch_size=2, num_workers=0)
+    model = torch.nn.Linear(8, 8)
+    train_calls, val_spans = [], []
+
+    def timed(loader, calls):
+        it = iter(loader)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                calls.append((start, time.perf_counter()))
+                return
+            calls.append((start, time.perf_counter()))
+            yield batch
+
+    with profile(activities=[ProfilerActivity.CPU],
+                 schedule=schedule(wait=0, warmup=0, active=10_000)) as prof:
+        begin = time.perf_counter()
+        for _ in range(2):
+            for batch in timed(train, train_calls):
+                model(batch).sum().backward()
+                time.sleep(0.01)
+                prof.step()
+            val_calls = []
+            for batch in timed(val, val_calls):
+                model(batch)
+            val_spans.append((val_calls[0][0], val_calls[-1][1]))
+        end = time.perf_counter()
+    prof.export_chrome_trace(str(tmp_path / "run.pt.trace.json"))
+
+    result = dashboard.analyze(str(tmp_path))
+    steps = result.trial.framework[result.trial.framework["kind"] == "step"]
+    assert len(steps) == 2 * 12 + 1  # one per prof.step(), and the one open at exit
+    wait = sum(e - s for s, e in train_calls)
+    # steps run back to back from the profiler's start to its end; the val loops are taken out
+    training = (end - begin) - sum(e - s for s, e in val_spans)
+    assert result.verdict.getnext_s == pytest.approx(wait, abs=0.005)
+    assert result.verdict.training_s == pytest.approx(training, abs=0.02)
+    assert result.verdict.input_percent == pytest.approx(100 * wait / training, abs=2)
+    assert "training steps" in result.verdict.basis

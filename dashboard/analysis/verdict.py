@@ -3,11 +3,12 @@
 Verdict: the share of training time the main process spends waiting in GetNext. Training
 time is, per training iterator, the time from its first GetNext to its last, widened to
 the training steps that the first and last batches fed where step events are present;
-the windows of a node's iterators are merged so that overlapping ones count once. An
-iterator is a training one when most of its batches feed training steps (smdebug's
-`Step:ModeKeys.TRAIN`, Kineto's `ProfilerStep#N`); without step events every iterator
-counts. The classes are those of TensorFlow's input-pipeline analyzer: >= 20 % highly,
->= 5 % moderately, else not input-bound.
+the windows of a node's iterators are merged so that overlapping ones count once, and
+the spans of evaluation iterators inside them are taken out. An iterator is a training
+one when most of its batches feed training steps (smdebug's `Step:ModeKeys.TRAIN`, after
+the GetNext; Kineto's `ProfilerStep#N`, around it, first GetNext of the step only);
+without step events every iterator counts. The classes are those of TensorFlow's
+input-pipeline analyzer: >= 20 % highly, >= 5 % moderately, else not input-bound.
 
 Recommendations: each names its evidence (numbers, worker ids, batches and windows), the
 DataLoader argument to change and, where a model allows, the time it would save. Every
@@ -192,6 +193,23 @@ def _merge(intervals) -> list[tuple[int, int]]:
     return [(s, e) for s, e in merged]
 
 
+def _subtract(windows: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of merged `windows` outside every merged hole."""
+    out = []
+    for start, end in windows:
+        for hole_start, hole_end in holes:
+            if hole_end <= start or hole_start >= end:
+                continue
+            if hole_start > start:
+                out.append((start, hole_start))
+            start = max(start, hole_end)
+            if start >= end:
+                break
+        if start < end:
+            out.append((start, end))
+    return out
+
+
 def _in_windows(times: np.ndarray, windows: list[tuple[int, int]]) -> np.ndarray:
     if not windows:
         return np.zeros(len(times), dtype=bool)
@@ -342,12 +360,16 @@ def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
             if steps_matched and seg.last_step >= 0:
                 hi = max(hi, int(ends[seg.last_step]))
             windows.append((lo, hi))
+        # An evaluation loop run inside a training step (Kineto: before the next prof.step())
+        # is not training time.
+        evaluation = seg_stats.drop(index=training)
+        windows = _subtract(_merge(windows), _merge(zip(evaluation["lo"], evaluation["hi"])))
         inits = inits_all[inits_all["node"] == node]
         cpu, iowait, cores, gpus = _system_series(system, host_of(node), node)
         span = int(node_fw["end_us"].max() - node_fw["start_us"].min())
-        fetches = node_fw[node_fw["kind"] == fmt.KIND_FETCH][["start_us", "end_us", "duration_us", "worker_id",
-                                                              "iterator_id"]]
-        item = _Node(node, span, node_calls, inits, training, _merge(windows), has_steps, steps_matched,
+        fetches = node_fw[node_fw["kind"] == fmt.KIND_FETCH][
+            ["start_us", "end_us", "duration_us", "worker_id", "iterator_id"]]
+        item = _Node(node, span, node_calls, inits, training, windows, has_steps, steps_matched,
                      _loaders(node_calls, inits, training), cpu, iowait, cores, gpus, fetches)
         item.verdict = _node_verdict(item)
         out.append(item)
@@ -572,8 +594,9 @@ def _workers(node: _Node) -> list[Recommendation]:
                     f"DALI, `torchvision.io.decode_jpeg(device='cuda')`).")
             return [Recommendation("cpu_saturated", text, {**evidence, "cpu_saturated_percent":
                                                            CPU_SATURATED_PERCENT}, None)]
-        if workers is None or workers >= cap:
-            return []
+        if workers is not None and workers >= cap:
+            return []  # as many workers as cores already: storage or per-sample cost, not count
+    if cpu is not None and cores and workers is not None:
         needed = workers * batch_us / compute_us if compute_us > 0 else math.inf
         suggested = int(min(cap, workers + math.floor(free_cores), max(workers + 1, math.ceil(needed))))
         if suggested <= workers:
@@ -586,7 +609,7 @@ def _workers(node: _Node) -> list[Recommendation]:
         return [Recommendation("more_workers", text, {**evidence, "suggested_num_workers": suggested},
                                round(saved / 1e6, 3))]
 
-    # No CPU metrics (Kineto traces, or no system/ folder): advise with the caveat.
+    # No CPU metrics (Kineto traces, or no system/ folder) or no worker count: with a caveat.
     factor = batch_us / compute_us if compute_us > 0 else math.inf
     suggested = (int(min(MAX_SUGGESTED_WORKERS, max(workers + 1, math.ceil(workers * factor))))
                  if workers else None)
@@ -594,10 +617,12 @@ def _workers(node: _Node) -> list[Recommendation]:
     howmany = (f"raise `num_workers` from {workers} to about {suggested}" if workers else
                f"raise `num_workers` to about {min(factor, MAX_SUGGESTED_WORKERS):.1f}x its current value "
                f"(the trace does not record it)")
+    headroom = (f"CPU use was not recorded: if the CPUs have headroom, {howmany} on {loader.name}; if "
+                f"they are saturated, more workers will not help: make per-sample work cheaper, cache, or "
+                f"decode on the GPU." if cpu is None else
+                f"The CPUs have headroom ({cpu:.0f} % mean over {cores} cores): {howmany} on {loader.name}.")
     text = (f"The job is {verdict.class_} input-bound ({verdict.input_percent:.1f} % of training waits in "
-            f"GetNext, median {_s(baseline)} per batch against {_s(compute_us)} of compute). CPU use was "
-            f"not recorded: if the CPUs have headroom, {howmany} on {loader.name}; if they are saturated, "
-            f"more workers will not help: make per-sample work cheaper, cache, or decode on the GPU. "
+            f"GetNext, median {_s(baseline)} per batch against {_s(compute_us)} of compute). {headroom} "
             + ("Saves about " if workers else "Saves up to ") + f"{_s(saved)}.")
     return [Recommendation("more_workers", text, {**evidence, "suggested_num_workers": suggested,
                                                   "suggested_factor": None if not math.isfinite(factor)
@@ -725,7 +750,8 @@ def _slow_worker_by_id(node, loader, known, baseline, factor) -> Recommendation 
     text = (f"Worker {worker} of {_loader_name(loader)} on {node.node} is slow: "
             + (f"it takes {_s(fetch_median)} median to fetch a batch against {_s(fetch_others)} for the "
                f"other workers, and " if fetch_median is not None else "")
-            + f"its batches wait {_s(median)} median against {_s(others_median)} for the other workers' batches"
+            + f"its batches wait {_s(median)} median against {_s(others_median)} for the other "
+            f"workers' batches"
             + (f"; {on_worker} of the {stalls_total} GetNext stalls are its batches" if on_worker else "")
             + f" (batches {batches}{'...' if len(slow) > 10 else ''}). With in-order delivery every batch "
             f"queued behind it waits too (head-of-line blocking). Find why that worker is slow (a shard "

@@ -102,7 +102,7 @@ class Hooks:
         base = torch_dataloader._BaseDataLoaderIter
         multi = getattr(torch_dataloader, "_MultiProcessingDataLoaderIter", None)
         self._torch_worker = torch_worker
-        if worker.ORIGINAL_LOOP is None and not isinstance(torch_worker._worker_loop, worker.WorkerLoop):
+        if not isinstance(torch_worker._worker_loop, worker.WorkerLoop):
             worker.ORIGINAL_LOOP = torch_worker._worker_loop
         # Defaults read by the hot path on iterators the hooks have not seen (yet).
         base._dlp = 0

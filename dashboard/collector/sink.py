@@ -131,6 +131,9 @@ class _Uploader:
         self.queue.put((key, path))
 
     def _run(self) -> None:
+        from ..trial.errors import TrialAccessError, TrialNotFoundError
+        from ..trial.store import S3Store
+
         while True:
             item = self.queue.get()
             if item is None:
@@ -138,9 +141,6 @@ class _Uploader:
             key, path = item
             for attempt in range(UPLOAD_ATTEMPTS):
                 try:
-                    from ..trial.errors import TrialAccessError, TrialNotFoundError
-                    from ..trial.store import S3Store
-
                     if self._store is None:
                         self._store = S3Store(self.url)
                     self._store.put_file(key, path)

@@ -325,7 +325,8 @@ def parse_kineto_file(data: bytes, key: str) -> ParsedFile:
         end_us = (start_ns + round(dur * 1000) + 500) // 1000
         is_step = name.startswith(STEP_PREFIX)
         if is_step:
-            phase, step, worker_id, num_workers = fmt.PHASE_STEP_TRAIN, _as_int(name[len(STEP_PREFIX):]), None, None
+            phase, step = fmt.PHASE_STEP_TRAIN, _as_int(name[len(STEP_PREFIX):])
+            worker_id = num_workers = None
         else:
             single = SINGLE_PROCESS_ITER in name
             phase = fmt.PHASE_ITER

@@ -9,6 +9,7 @@ min and max of each pixel bucket, and Gantt bars that would overlap on screen ar
 from __future__ import annotations
 
 import base64
+import html
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,12 @@ MAX_GANTT_ROWS = 40
 MAX_LEGEND_ITEMS = 8  # a subplot with more series (many CPU cores) names them on hover only
 METRIC_ROW_PX = 120
 GANTT_ROW_PX = 22
+
+
+def plain(text) -> str:
+    """Text from a trial (event, metric, node names) made inert for plotly's label markup:
+    no tags (plotly renders <a href>, <b>...) and no %{...} template fields."""
+    return html.escape(str(text), quote=False).replace("%{", "%\u200b{")
 
 
 def us_to_ms(values) -> np.ndarray:
@@ -124,10 +131,10 @@ def _gantt_traces(start_us: np.ndarray, end_us: np.ndarray, rows: np.ndarray, co
         texts = []
         for c, is_single, bs, be in zip(count.tolist(), single.tolist(), s.tolist(), e.tolist()):
             text = next(alone) if is_single else (
-                f"{c} {name} events merged at this zoom<br>{(be - bs) / 1000:,.3f} ms span")
+                f"{c} {plain(name)} events merged at this zoom<br>{(be - bs) / 1000:,.3f} ms span")
             texts += [text, text, text, ""]
         traces.append({"type": "scatter", "x": typed_array(x), "y": typed_array(y), "mode": "lines",
-                       "name": name, "legendgroup": f"gantt-{name}", "xaxis": axes[0], "yaxis": axes[1],
+                       "name": plain(name), "legendgroup": f"gantt-{name}", "xaxis": axes[0], "yaxis": axes[1],
                        "line": {"color": value, "width": line_px}, "hovertext": texts,
                        "hoverinfo": "text", "connectgaps": False})
     return traces
@@ -144,7 +151,7 @@ def _event_hover(frame: pd.DataFrame):
         out = []
         for name, pid, worker, dur in zip(part["name"].astype(str).tolist(), part["pid"].tolist(),
                                           part["worker_id"].tolist(), part["duration_us"].tolist()):
-            text = f"{name}<br>{dur:,} us<br>pid {'?' if pid is pd.NA else pid}"
+            text = f"{plain(name)}<br>{dur:,} us<br>pid {'?' if pid is pd.NA else pid}"
             if worker is not pd.NA:
                 text += f", worker {worker}"
             out.append(text)
@@ -219,7 +226,7 @@ def gantt_rows(frame: pd.DataFrame, max_rows: int = MAX_GANTT_ROWS) -> GanttRows
     for i in order:
         host, phase, tag, who = combos[i]
         label = phase if tag == "" else f"{phase} · {tag} {who if who >= 0 else '?'}"
-        labels.append(f"{host} · {label}" if multi_host else label)
+        labels.append(plain(f"{host} · {label}" if multi_host else label))
     return GanttRows(rank[codes], labels)
 
 
@@ -258,14 +265,14 @@ def metric_group(type_: str, name: str, dimension: str) -> tuple[int, str]:
     for order, (group_type, key, title) in enumerate(_METRIC_GROUPS):
         if type_ == group_type and (key is None or key in (dimension, name)):
             return order, title
-    return len(_METRIC_GROUPS), f"{type_} {dimension or name}".strip()
+    return len(_METRIC_GROUPS), plain(f"{type_} {dimension or name}".strip())
 
 
 def _series_label(node: str, name: str, dimension: str, multi_node: bool) -> str:
     keyed_by_dimension = dimension and dimension not in ("CPUUtilization", "I/OWaitPercentage",
                                                          "GPUUtilization", "GPUMemoryUtilization")
     label = f"{name} ({dimension})" if keyed_by_dimension else name
-    return f"{node} {label}" if multi_node else label
+    return plain(f"{node} {label}" if multi_node else label)
 
 
 def _window_span(window: Window) -> tuple[int, int] | None:
@@ -481,12 +488,12 @@ def initialization_figure(init: InitializationResult) -> go.Figure:
     for i, (cls, part) in enumerate(events.groupby("type", sort=True)):
         x, y = part["start_us"].to_numpy(), part["duration_us"].to_numpy() / 1000.0
         keep = decimate.minmax_indices(x, y)
-        fig.add_trace(go.Scatter(x=us_to_ms(x[keep]), y=y[keep], mode="markers", name=str(cls),
+        fig.add_trace(go.Scatter(x=us_to_ms(x[keep]), y=y[keep], mode="markers", name=plain(cls),
                                  marker={"size": 8, "color": PALETTE[i % len(PALETTE)]},
-                                 hovertemplate="%{y:.3f} ms<extra>" + str(cls) + "</extra>"))
+                                 hovertemplate="%{y:.3f} ms<extra>" + plain(cls) + "</extra>"))
     _add_outlier_markers(fig, init.outliers, "duration_us", 1000.0)
     fig.update_xaxes(type="date")
-    fig.update_yaxes(title={"text": "initialization ms"}, type="log")
+    fig.update_yaxes(title={"text": "initialization ms"}, type="log", dtick=1)
     return _layout(fig, 280)
 
 
@@ -546,7 +553,7 @@ def getnext_histogram(getnext: DurationStats, outlier_factor: float) -> go.Figur
                                      line={"color": OUTLIER_COLOR if dash == "dot" else "#111827", "dash": dash,
                                            "width": 1.5},
                                      hovertemplate=f"{label}: {value:,.0f} us<extra></extra>"))
-    fig.update_xaxes(type="log", title={"text": "GetNext duration (us, log scale)"})
+    fig.update_xaxes(type="log", dtick=1, title={"text": "GetNext duration (us, log scale)"})
     fig.update_yaxes(title={"text": "calls"})
     return _layout(fig, 280, bargap=0)
 
@@ -573,7 +580,7 @@ def getnext_timeline(getnext: DurationStats, outlier_factor: float) -> go.Figure
         _add_level(fig, x_all, getnext.median_us * outlier_factor / 1000.0,
                    f"outlier threshold ({outlier_factor:g}× median)", OUTLIER_COLOR, "dot")
     fig.update_xaxes(type="date")
-    fig.update_yaxes(type="log", title={"text": "GetNext ms"})
+    fig.update_yaxes(type="log", dtick=1, title={"text": "GetNext ms"})
     return _layout(fig, 280)
 
 
