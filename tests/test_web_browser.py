@@ -241,7 +241,13 @@ def test_dragging_on_the_overview_sets_the_window(dash_duo, tmp_path):
     # A box select.
     ActionChains(driver).move_to_element(dash_duo.find_element("#overview-graph")).perform()
     dash_duo.find_element("#overview-graph .modebar-btn[data-val='select']").click()
-    lo, hi = drag_and_check(0.5, 25, 6)
+    drag_and_check(0.5, 25, 6)
+    # The redrawn overview stays in box-select mode: a second selection, inside the first.
+    assert driver.execute_script(
+        "return document.querySelector('#overview-graph .js-plotly-plot')._fullLayout.dragmode") == "select"
+    drag_and_check(0.2, 20, 6)
+    dash_duo.find_element("#window-whole-job").click()  # the button: the whole job
+    wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
     # The range slider: its left handle moved right narrows the window from the left.
     handle = dash_duo.find_element("#overview-graph .rangeslider-grabber-min")
     before = window_range(dash_duo)
@@ -252,9 +258,6 @@ def test_dragging_on_the_overview_sets_the_window(dash_duo, tmp_path):
     wait_until(lambda: window_range(dash_duo) != before, message="the slider's window")
     slid = window_range(dash_duo)
     assert before[0] < slid[0] < slid[1] and slid[1] == pytest.approx(before[1], abs=PLOTLY_DATE_US)
-    # The button: the whole job.
-    dash_duo.find_element("#window-whole-job").click()
-    wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
 
 
 def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):

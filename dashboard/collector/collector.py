@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,7 +150,6 @@ class Collector:
         self._flusher = None
         self._stop_event = threading.Event()
         self._send_lock = threading.Lock()
-        self._state_lock = threading.Lock()
         self._spool_dir: str | None = None
         self._warned: set[str] = set()
 
@@ -196,8 +196,15 @@ class Collector:
         self._stop_event.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join(10)
-        self._flush()
-        self._close_stream()
+        # A sink that stopped reading (a hung disk) must not hang the end of training.
+        if not self._send_lock.acquire(timeout=30):
+            self._warn(f"the sink does not read its input; the trial in {self.out} may be incomplete")
+            return
+        try:
+            self._flush(locked=True)
+            self._close_stream(locked=True)
+        finally:
+            self._send_lock.release()
         self._wait_for_sink()
 
     def __enter__(self) -> "Collector":
@@ -274,8 +281,6 @@ class Collector:
         if self._sink_process is not None or self._sink_thread is not None:
             self._wait_for_sink()
         if self._spool_dir:
-            import shutil
-
             shutil.rmtree(self._spool_dir, ignore_errors=True)
 
     # -- the stream ------------------------------------------------------------------
@@ -283,36 +288,46 @@ class Collector:
         while not self._stop_event.wait(self.flush_s):
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, locked: bool = False) -> None:
         try:
             data = self._buffer.drain()
             if self._buffer.dropped:
                 self._warn("the sink cannot keep up; some GetNext records were dropped")
             if data:
-                self._send(data)
+                if locked:
+                    self._send(data)
+                else:
+                    with self._send_lock:
+                        self._send(data)
         except OSError as exc:
-            self._fail(f"the sink stopped ({exc}); recording stops, training goes on")
+            self._fail(f"the sink stopped ({exc}); recording stops, training goes on", locked)
         except Exception as exc:
-            self._fail(f"recording failed ({type(exc).__name__}: {exc}); recording stops, training goes on")
+            self._fail(f"recording failed ({type(exc).__name__}: {exc}); recording stops, training goes on",
+                       locked)
 
     def _send(self, data: bytes) -> None:
-        with self._send_lock:
-            if self._fd is None:
-                return
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+        """Write to the sink; the caller holds _send_lock."""
+        if self._fd is None:
+            return
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
 
-    def _close_stream(self) -> None:
-        with self._send_lock:
-            if self._fd is None:
-                return
-            try:
-                data = protocol.frame(protocol.QUIT)
-                os.write(self._fd, data)
-            except OSError:
-                pass
+    def _close_stream(self, locked: bool = False) -> None:
+        if not locked:
+            with self._send_lock:
+                return self._close_stream(locked=True)
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, protocol.frame(protocol.QUIT))
+        except OSError:
+            pass
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
             try:
                 os.close(self._fd)
             except OSError:
@@ -329,24 +344,26 @@ class Collector:
                 return
         elif self._sink_thread is not None:
             self._sink_thread.join(self.stop_timeout_s + 30)
+            if self._sink_thread.is_alive():
+                return
+        if self._spool_dir:  # the sink removes it; not when it died
+            shutil.rmtree(self._spool_dir, ignore_errors=True)
         if self.sink_returncode:
             self._warn(f"the sink exited with status {self.sink_returncode}: the trial in {self.out} "
                        "may be incomplete (see the messages above)")
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, locked: bool = False) -> None:
         """Stop recording after a failure of our own; training goes on."""
         self._warn(message)
         if self._hooks is not None:
             self._hooks.uninstall()
         self._stop_event.set()
         self._buffer.clear()
-        with self._send_lock:
-            if self._fd is not None:
-                try:
-                    os.close(self._fd)
-                except OSError:
-                    pass
-                self._fd = None
+        if locked:
+            self._close_fd()
+        else:
+            with self._send_lock:
+                self._close_fd()
 
     def _warn(self, message: str) -> None:
         if message in self._warned:
@@ -368,16 +385,12 @@ class Collector:
         self._active = False
         if self._hooks is not None:
             self._hooks.uninstall()
-        # No lock here: another thread of the parent may have held it at the fork.
+        # No locks here: another thread of the parent may have held them at the fork.
         del self._buffer.getnext[:]
         self._buffer._controls = []
         self._buffer._lock = threading.Lock()
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
+        self._send_lock = threading.Lock()
+        self._close_fd()
         self._sink_process = None
         self._sink_thread = None
 

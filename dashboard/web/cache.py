@@ -27,7 +27,7 @@ from ..trial.store import fingerprint, open_store
 
 TRIALS_FOLDER = "trials"
 JOBS_FOLDER = "jobs"
-MEMORY_ITEMS = 8
+MEMORY_ITEMS = 16  # trials, analyses, views and panels of the last few trials
 
 Progress = Callable[[int, int], None]
 

@@ -164,7 +164,7 @@ def register_callbacks(app, context: Context) -> None:
             return [no_update] * (len(panel_outputs) - 1) + [_unexpected("Showing the trial", exc)]
         init, workers, getnext, batch = p["init"], p["workers"], p["getnext"], p["batchtime"]
         return [
-            summary_component(views.summary(view, whole)), options, node,
+            summary_component(views.summary(whole)), options, node,
             init["count"], init["median_us"], init["max_us"], init["iterators"], init["figure"],
             str(init["outlier_count"]), init["outliers"],
             workers["count"], workers["median_us"], workers["max_us"], workers["figure"],
@@ -201,8 +201,7 @@ def register_callbacks(app, context: Context) -> None:
                     chosen = span
             elif trigger in (Ids.OVERVIEW, Ids.WINDOW_GRAPH):
                 found = views.relayout_range(overview_relayout if trigger == Ids.OVERVIEW else window_relayout)
-                chosen = span if found == "full" and trigger == Ids.OVERVIEW else (
-                    found if isinstance(found, tuple) else None)
+                chosen = span if found == "full" else found  # a double-click: the whole job
             elif trigger == Ids.WHOLE_JOB:
                 chosen = span
             elif trigger in OUTLIER_TABLES:
@@ -228,16 +227,19 @@ def register_callbacks(app, context: Context) -> None:
                   Output(Ids.WINDOW_RANGE, "children"), Output(Ids.WINDOW_ERROR, "children"),
                   Input(Ids.WINDOW_STORE, "data"), Input(Ids.SELECT_EVENTS, "value"),
                   Input(Ids.SELECT_DIMENSIONS, "value"), Input(Ids.NODE, "value"),
-                  State(Ids.TRIAL_STORE, "data"), prevent_initial_call=True)
-    def show_window(window, select_events, select_dimensions, node, store):
+                  State(Ids.TRIAL_STORE, "data"), State(Ids.OVERVIEW_DRAGMODE, "data"),
+                  prevent_initial_call=True)
+    def show_window(window, select_events, select_dimensions, node, store, dragmode):
         if not window or not store or window.get("key") != store.get("key"):
             return no_update, no_update, no_update, no_update
         try:
+            views.check_patterns(select_events, select_dimensions)
+        except ValueError as exc:  # an invalid regular expression: say so, keep the figures
+            return no_update, no_update, views.window_text(window["start_us"], window["end_us"]), str(exc)
+        try:
             view = get_view(context, store["key"], node)
             payload = views.window_payload(view, window["start_us"], window["end_us"], select_events,
-                                           select_dimensions)
-        except ValueError as exc:  # an invalid regular expression
-            return no_update, no_update, views.window_text(window["start_us"], window["end_us"]), str(exc)
+                                           select_dimensions, dragmode=dragmode)
         except TrialEvicted:
             return no_update, no_update, no_update, EVICTED
         except Exception as exc:  # noqa: BLE001
@@ -262,6 +264,16 @@ def register_callbacks(app, context: Context) -> None:
         """,
         Output(Ids.URL_SYNC, "data"), Input(Ids.TRIAL_STORE, "data"), Input(Ids.WINDOW_STORE, "data"),
         Input(Ids.NODE, "value"))
+
+    # The overview's drag mode (zoom, pan, box select), so that a redrawn overview keeps it.
+    app.clientside_callback(
+        """
+        function(relayout) {
+            if (relayout && relayout.dragmode) { return relayout.dragmode; }
+            return window.dash_clientside.no_update;
+        }
+        """,
+        Output(Ids.OVERVIEW_DRAGMODE, "data"), Input(Ids.OVERVIEW, "relayoutData"), prevent_initial_call=True)
 
     # Inspecting an outlier: bring the timeline into view.
     app.clientside_callback(

@@ -290,11 +290,14 @@ def _window_span(window: Window) -> tuple[int, int] | None:
 
 
 def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: str | None = None,
-                       uirevision: str | None = None, x_range: tuple[int, int] | None = None) -> dict:
+                       uirevision: str | None = None, x_range: tuple[int, int] | None = None,
+                       range_revision: str | None = None) -> dict:
     """window_figure as a plain dict (what the dashboard sends; no plotly validation cost).
 
     x_range: the time range shown, when the window holds a little more (the samples just
     outside, so that metric lines cross a window narrower than the sampling interval).
+    uirevision keeps what the user changed (hidden series, drag mode) across updates;
+    range_revision, changed with each window, makes the axes take the new window's range.
     """
     span_us = x_range or _window_span(window)
     if span_us is None:
@@ -335,11 +338,12 @@ def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: s
         last = i == len(heights)
         # Time labels on the bottom axis only: between subplots they would collide with titles.
         layout[f"xaxis{suffix}"] = {"type": "date", "range": [lo / 1000.0, hi / 1000.0], "anchor": f"y{suffix}",
+                                    "uirevision": range_revision,
                                     "showticklabels": last, "showspikes": True, "spikemode": "across",
                                     "spikethickness": 1, "spikecolor": "#9ca3af",
                                     **({"matches": "x"} if i > 1 else {})}
         layout[f"yaxis{suffix}"] = {"domain": [max(0.0, bottom), top], "anchor": f"x{suffix}",
-                                    "rangemode": "tozero"}
+                                    "rangemode": "tozero", "uirevision": range_revision}
         layout["annotations"].append({"text": f"<b>{subtitle}</b>", "x": 0, "xref": "paper", "y": top,
                                       "yref": "paper", "xanchor": "left", "yanchor": "bottom",
                                       "showarrow": False, "font": {"size": 12, "color": "#374151"}})
@@ -431,10 +435,12 @@ def _refined(x: np.ndarray, y: np.ndarray, span: tuple[int, int], window: tuple[
 
 
 def overview_figure_spec(series: OverviewSeries, window: tuple[int, int] | None = None,
-                         uirevision: str = "overview", buckets: int = decimate.DEFAULT_BUCKETS) -> dict:
+                         uirevision: str = "overview", buckets: int = decimate.DEFAULT_BUCKETS,
+                         range_revision: str | None = None, dragmode: str = "zoom") -> dict:
     """The whole job: mean CPU (and GPU) utilization and GetNext durations over time, with a
     range slider. Its x range is the window; dragging on it (zoom, box select or the
-    slider) chooses a new one.
+    slider) chooses a new one. uirevision keeps the user's drag mode and hidden series;
+    range_revision, changed with each window, moves the x axis to the new window.
     """
     span = (series.start_us, series.end_us)
     data = []
@@ -457,13 +463,13 @@ def overview_figure_spec(series: OverviewSeries, window: tuple[int, int] | None 
     lo, hi = window if window is not None else span
     layout = {
         "template": TEMPLATE, "height": 300, "margin": {"l": 60, "r": 60, "t": 30, "b": 20},
-        "xaxis": {"type": "date", "range": [lo / 1000.0, hi / 1000.0],
+        "xaxis": {"type": "date", "range": [lo / 1000.0, hi / 1000.0], "uirevision": range_revision,
                   "rangeslider": {"visible": True, "thickness": 0.18,
                                   "range": [series.start_us / 1000.0, series.end_us / 1000.0]}},
         "yaxis": {"title": {"text": "utilization %"}, "fixedrange": True, "range": [0, 105]},
         "yaxis2": {"title": {"text": "GetNext ms"}, "type": "log", "overlaying": "y", "side": "right", "dtick": 1,
                    "fixedrange": True, "showgrid": False},
-        "dragmode": "zoom", "selectdirection": "h", "uirevision": uirevision}
+        "dragmode": dragmode, "selectdirection": "h", "uirevision": uirevision}
     return {"data": data, "layout": layout}
 
 

@@ -14,6 +14,7 @@ class Ids:
     LOAD_REQUEST = "load-request"
     TRIAL_STORE = "trial-store"
     WINDOW_STORE = "window-store"
+    OVERVIEW_DRAGMODE = "overview-dragmode"
 
     TRIAL_PATH = "trial-path"  # stable
     LOAD = "load-trial"  # stable
@@ -205,6 +206,7 @@ def build_layout(default_trial: str) -> html.Div:
         dcc.Store(id=Ids.LOAD_REQUEST),
         dcc.Store(id=Ids.TRIAL_STORE),
         dcc.Store(id=Ids.WINDOW_STORE),
+        dcc.Store(id=Ids.OVERVIEW_DRAGMODE),
         header,
         html.Main(children=[
             html.Section(className="panel summary", children=[html.H2("Summary"),

@@ -27,6 +27,7 @@ OUTLIER_MARGIN = 0.5
 MIN_MARGIN_US = 1_000
 MAX_TABLE_ROWS = 500  # longest outliers listed; the count says how many there are
 MAX_SAMPLE_GAP_US = 60_000_000  # the slowest system sampling there is
+DRAGMODES = ("zoom", "pan", "select")  # what the overview's mode bar offers
 
 
 @dataclass
@@ -56,10 +57,13 @@ def trial_view(trial: Trial, node: str | None = None, analysis: DataLoaderAnalys
 
 
 def _sample_gap_us(system: pd.DataFrame) -> int:
-    stamps = np.unique(system["timestamp_us"].to_numpy())
-    if len(stamps) < 2:
-        return 0
-    return int(min(np.median(np.diff(stamps)), MAX_SAMPLE_GAP_US))
+    """The usual time between two samples of a node (the longest of the nodes' medians)."""
+    gaps = [0.0]
+    for _, stamps in system.groupby("node", observed=True)["timestamp_us"]:
+        unique = np.unique(stamps.to_numpy())
+        if len(unique) > 1:
+            gaps.append(float(np.median(np.diff(unique))))
+    return int(min(max(gaps), MAX_SAMPLE_GAP_US))
 
 
 # --- time ranges ------------------------------------------------------------------------------
@@ -138,8 +142,15 @@ def _patterns(text: str | None) -> list[str]:
     return [text] if text and text.strip() else [".*"]
 
 
+def check_patterns(select_events: str | None, select_dimensions: str | None) -> None:
+    """ValueError naming the first of the two filters that is not a valid regular expression."""
+    dataloader.validate_patterns(_patterns(select_events))
+    dataloader.validate_patterns(_patterns(select_dimensions))
+
+
 def window_payload(view: TrialView, start_us: int, end_us: int, select_events: str | None = ".*",
-                   select_dimensions: str | None = ".*", uirevision: str | None = None) -> dict:
+                   select_dimensions: str | None = ".*", uirevision: str | None = None,
+                   dragmode: str | None = None) -> dict:
     """Everything a new window sends: the detail timeline, the refined overview and the range
     text. ValueError (naming the pattern) for an invalid regular expression."""
     start_us, end_us = int(start_us), int(end_us)
@@ -147,10 +158,14 @@ def window_payload(view: TrialView, start_us: int, end_us: int, select_events: s
     pad = view.sample_gap_us
     window = view.analysis.window(start_us - pad, end_us + pad, _patterns(select_events),
                                   _patterns(select_dimensions))
-    revision = uirevision or f"{view.key}:{start_us}:{end_us}"
+    revision = uirevision or view.key or "trial"
+    window_revision = f"{revision}:{start_us}:{end_us}"
     return {
-        "window_figure": figures.window_figure_spec(window, uirevision=revision, x_range=(start_us, end_us)),
-        "overview_figure": figures.overview_figure_spec(view.overview, (start_us, end_us), uirevision=revision),
+        "window_figure": figures.window_figure_spec(window, uirevision=revision, x_range=(start_us, end_us),
+                                                    range_revision=window_revision),
+        "overview_figure": figures.overview_figure_spec(view.overview, (start_us, end_us), uirevision=revision,
+                                                        range_revision=window_revision,
+                                                        dragmode=dragmode if dragmode in DRAGMODES else "zoom"),
         "window_range": window_text(start_us, end_us),
     }
 
@@ -211,10 +226,10 @@ def node_options(trial: Trial) -> list[dict]:
     return options
 
 
-def summary(view: TrialView, whole: Trial) -> dict:
-    """Numbers for the summary panel (of the whole trial: what was read and skipped)."""
+def summary(whole: Trial) -> dict:
+    """Numbers for the summary panel: the whole trial, what was read and what was skipped."""
     start, end = whole.start_us, whole.end_us
-    framework = view.trial.framework
+    framework = whole.framework
     processes = framework[["node", "pid"]].dropna().drop_duplicates() if len(framework) else framework
     report = whole.report
     skipped = [{"path": s.path, "reason": s.reason} for s in report.files_skipped]
@@ -223,7 +238,7 @@ def summary(view: TrialView, whole: Trial) -> dict:
         "path": whole.path, "start": iso_utc(start), "end": iso_utc(end),
         "duration_s": None if start is None else (end - start) / 1e6,
         "nodes": whole.nodes, "processes": int(len(processes)),
-        "framework_events": int(len(view.trial.framework)), "system_samples": int(len(view.trial.system)),
+        "framework_events": int(len(whole.framework)), "system_samples": int(len(whole.system)),
         "files_read": report.files_read, "files_skipped": skipped, "lines_skipped": report.lines_skipped,
         "files_with_skipped_lines": lines,
     }

@@ -70,7 +70,7 @@ class Shapes(Dataset):
         x = torch.linspace(0, 1, 32)
         pattern = torch.sin(2 * torch.pi * (label + 1) * x)[None, :].expand(32, 32)
         image = torch.stack([pattern, pattern.t(), pattern * pattern.t()])
-        image = image + 0.3 * torch.randn(3, 32, 32, generator=generator)
+        image = image + 2.0 * torch.randn(3, 32, 32, generator=generator)
         image = nn.functional.avg_pool2d(image[None], 3, stride=1, padding=1)[0]  # "augment": a blur,
         if self.augment and torch.rand(1, generator=generator).item() < 0.5:  # a random flip
             image = image.flip(-1)
