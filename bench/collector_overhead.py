@@ -1,23 +1,31 @@
 """Benchmark: what recording costs a training loop, against no profiling and torch.profiler.
 
-Targets (docs: the collector issue):
+Targets (the collector issue):
   1. main-process CPU per batch, trivial dataset, num_workers=0: collector <= 1 us over none;
-  2. wall time with 2 workers (fork) on a small real training loop: collector <= 2 % over none.
+  2. wall time with 2 workers on a small real training loop: collector <= 2 % over none.
 
-Each run of a loop is one fresh process (`--child`), so that one mode's hooks, threads or
-profiler state never leak into another; the modes are interleaved (none, collector,
-torch.profiler, none, ...) over `--repeats` rounds and reported as median [min..max].
+Three measurements, all in one run:
 
-Measured, per mode:
-  cpu_us_per_batch   time.process_time() of the training process (all its threads,
-                     the collector's flush thread included) over the loop / batches
-  wall_s             wall time of the loop
-  sink_cpu_us_per_batch   CPU of the collector's sink process (the side process that
-                     formats and writes the trial; not the training process's CPU)
-Also measured in this process: the cost of the worker-side records, per worker lifetime
-(start + end records) and per fetch record (worker_fetch=True).
+A. per-batch CPU, paired (target 1). One process alternates short loops over a trivial
+   dataset (ints, no collation: DataLoader's own per-batch floor, ~6 us): none,
+   collector, none, torch.profiler, ... for `--rounds` rounds. Each recorded loop is
+   compared with the mean of the plain loops just before and after it, so a machine whose
+   load drifts (shared cores) cancels out; reported as median and interquartile range.
+   CPU is time.process_time() of the training process over the loop: every thread of it,
+   the collector's flush thread included. Starting and stopping are not in the loop;
+   they are reported apart (once per run, not per batch).
+B. the same three modes, one fresh process each, interleaved over `--repeats` rounds:
+   cpu per batch and wall time of the loop, median [min..max]; and the CPU of the
+   collector's sink process (it formats and writes the trial outside the training
+   process; its start-up is most of it).
+C. wall time of a real 2-worker training loop (target 2): a small CNN trained on CPU,
+   fork workers re-spawned every epoch; one fresh process per mode, interleaved.
 
-    python bench/collector_overhead.py [--batches 200000] [--repeats 5] [--json out.json]
+Also measured here: what the worker side costs, per worker lifetime (the start and end
+records) and per fetch record (worker_fetch=True); the training process pays nothing
+per worker event (the sink reads them from the workers' spool files).
+
+    python bench/collector_overhead.py [--rounds 20] [--repeats 5] [--json out.json]
 """
 from __future__ import annotations
 
@@ -37,20 +45,19 @@ sys.path.insert(0, ROOT)
 MODES = ("none", "collector", "torch.profiler")
 
 
-# --- the loops (run in a child process) --------------------------------------------------
+# --- the loops -------------------------------------------------------------------------------
 
-def _trivial_loop(batches: int):
-    """num_workers=0, a dataset of ints, no collation: DataLoader's own per-batch floor."""
+def trivial_loop(batches: int) -> int:
+    """num_workers=0, a dataset of ints, no collation."""
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(list(range(batches)), batch_size=None, num_workers=0)
     count = 0
-    for _ in loader:
+    for _ in DataLoader(list(range(batches)), batch_size=None, num_workers=0):
         count += 1
     return count
 
 
-class _Samples:
+class Samples:
     """A small real dataset: 3x32x32 images made from the index (work per sample)."""
 
     def __init__(self, n):
@@ -67,8 +74,9 @@ class _Samples:
         return image * 2 - 1, index % 10
 
 
-def _training_loop(batches: int, epochs: int = 2):
+def training_loop(batches: int, epochs: int = 2) -> int:
     """2 fork workers, non-persistent (re-spawned each epoch), a small CNN trained on CPU."""
+    epochs = min(epochs, max(1, batches // 16))
     import torch
     from torch import nn
     from torch.utils.data import DataLoader
@@ -78,59 +86,31 @@ def _training_loop(batches: int, epochs: int = 2):
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(4), nn.Flatten(),
                           nn.Linear(8 * 8 * 8, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(_Samples(batches * 16 // epochs), batch_size=16, shuffle=True, num_workers=2,
+    loader = DataLoader(Samples(batches * 16 // epochs), batch_size=16, shuffle=True, num_workers=2,
                         multiprocessing_context="fork")
     count = 0
     for _ in range(epochs):
         for images, labels in loader:
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(images), labels)
-            loss.backward()
+            nn.functional.cross_entropy(model(images), labels).backward()
             optimizer.step()
             count += 1
     return count
 
 
-def child(mode: str, loop: str, batches: int) -> dict:
-    import torch  # noqa: F401  (imported before timing in every mode)
-
-    run = _trivial_loop if loop == "trivial" else _training_loop
-    out = tempfile.mkdtemp(prefix="bench-collector-")
-    sink_pid = None
+def recording(mode: str, out: str):
     if mode == "collector":
         from dashboard.collector import Collector
 
-        context = Collector(out, system_interval_s=0.5)
-    elif mode == "torch.profiler":
+        return Collector(out, system_interval_s=0.5)
+    if mode == "torch.profiler":
         from torch.profiler import ProfilerActivity, profile
 
-        context = profile(activities=[ProfilerActivity.CPU])
-    else:
-        context = None
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    if context is not None:
-        context.__enter__()
-        if mode == "collector" and context._sink_process is not None:
-            sink_pid = context._sink_process.pid
-    wall1, cpu1 = time.perf_counter(), time.process_time()
-    sink_cpu0 = _cpu_of(sink_pid)
-    count = run(batches)
-    wall2, cpu2 = time.perf_counter(), time.process_time()
-    sink_cpu1 = _cpu_of(sink_pid)
-    if context is not None:
-        context.__exit__(None, None, None)
-    wall3, cpu3 = time.perf_counter(), time.process_time()
-    # Per batch: the loop while recording (the collector's flush thread included); the
-    # one-off costs of starting and stopping (the profiler builds its trace at stop).
-    result = {"mode": mode, "loop": loop, "batches": count, "cpu_s": cpu2 - cpu1, "wall_s": wall2 - wall1,
-              "start_wall_s": wall1 - wall0, "stop_wall_s": wall3 - wall2,
-              "start_stop_cpu_s": (cpu1 - cpu0) + (cpu3 - cpu2)}
-    if sink_pid is not None:
-        result["sink_cpu_s"] = sink_cpu1 - sink_cpu0
-    return result
+        return profile(activities=[ProfilerActivity.CPU])
+    return None
 
 
-def _cpu_of(pid):
+def _cpu_of(pid) -> float:
     if pid is None:
         return 0.0
     try:
@@ -142,17 +122,87 @@ def _cpu_of(pid):
         return 0.0
 
 
-# --- worker-side record costs (in this process) ---------------------------------------
+def timed(mode: str, run, batches: int) -> dict:
+    """One loop under `mode`: CPU and wall of the loop, and of starting and stopping."""
+    with tempfile.TemporaryDirectory(prefix="bench-collector-") as out:
+        return _timed(mode, run, batches, recording(mode, out))
+
+
+def _timed(mode: str, run, batches: int, context) -> dict:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    sink_pid = None
+    if context is not None:
+        context.__enter__()
+        process = getattr(context, "_sink_process", None)
+        sink_pid = process.pid if process is not None else None
+    wall1, cpu1 = time.perf_counter(), time.process_time()
+    sink0 = _cpu_of(sink_pid)
+    count = run(batches)
+    wall2, cpu2 = time.perf_counter(), time.process_time()
+    sink1 = _cpu_of(sink_pid)
+    if context is not None:
+        context.__exit__(None, None, None)
+    wall3, cpu3 = time.perf_counter(), time.process_time()
+    result = {"mode": mode, "batches": count, "cpu_s": cpu2 - cpu1, "wall_s": wall2 - wall1,
+              "start_wall_s": wall1 - wall0, "stop_wall_s": wall3 - wall2}
+    if sink_pid is not None:
+        result["sink_cpu_s"] = sink1 - sink0
+    return result
+
+
+# --- child processes ----------------------------------------------------------------------------
+
+def child_paired(rounds: int, batches: int) -> dict:
+    """A: interleaved loops in this one process; per-batch CPU over the neighbouring plain loops."""
+    import torch  # noqa: F401
+
+    trivial_loop(batches)  # warm up
+    over = {"collector": [], "torch.profiler": []}
+    base = []
+    starts = {"collector": [], "torch.profiler": []}
+    stops = {"collector": [], "torch.profiler": []}
+    for _ in range(rounds):
+        for mode in over:
+            before = timed("none", trivial_loop, batches)
+            recorded = timed(mode, trivial_loop, batches)
+            after = timed("none", trivial_loop, batches)
+            plain = (before["cpu_s"] + after["cpu_s"]) / 2
+            over[mode].append((recorded["cpu_s"] - plain) / batches * 1e6)
+            base.append(plain / batches * 1e6)
+            starts[mode].append(recorded["start_wall_s"])
+            stops[mode].append(recorded["stop_wall_s"])
+    return {"overhead_us": over, "base_us": base, "start_s": starts, "stop_s": stops}
+
+
+def child(mode: str, loop: str, batches: int) -> dict:
+    run = trivial_loop if loop == "trivial" else training_loop
+    # Warm up in every mode: torch imports and initialises much on first use (optimizers,
+    # the profiler ops behind DataLoader's record_function), which torch.profiler's start
+    # would otherwise take out of its timed loop and leave in the others'.
+    run(32)
+    return timed(mode, run, batches)
+
+
+def _spawn(*args) -> dict:
+    output = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *map(str, args)],
+                            check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+# --- worker side -----------------------------------------------------------------------------------
 
 def worker_record_costs(rounds: int = 2000, fetches: int = 200_000) -> dict:
     from dashboard.collector import worker
 
-    spool = tempfile.mkdtemp(prefix="bench-spool-")
+    with tempfile.TemporaryDirectory(prefix="bench-spool-") as spool:
+        return _worker_record_costs(worker, spool, rounds, fetches)
+
+
+def _worker_record_costs(worker, spool: str, rounds: int, fetches: int) -> dict:
     loop = worker.WorkerLoop(spool, 1, {"worker_id": 0, "num_workers": 1}, fetch=True)
     start = time.process_time()
     for _ in range(rounds):
-        recorder = worker._Recorder(loop, (0, 2), {})
-        recorder.finish("exit")
+        worker._Recorder(loop, (0, 2), {}).finish("exit")
     lifetime_us = (time.process_time() - start) / rounds * 1e6
     recorder = worker._Recorder(loop, (0, 2), {})
     now = time.time_ns
@@ -165,71 +215,83 @@ def worker_record_costs(rounds: int = 2000, fetches: int = 200_000) -> dict:
     return {"worker_lifetime_records_us": round(lifetime_us, 2), "fetch_record_us": round(fetch_us, 3)}
 
 
-# --- the driver ------------------------------------------------------------------------
+# --- report ------------------------------------------------------------------------------------------
 
-def _spawn(mode: str, loop: str, batches: int) -> dict:
-    output = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, loop, str(batches)],
-                            check=True, capture_output=True, text=True).stdout
-    return json.loads(output.strip().splitlines()[-1])
+def _med(values, digits=3) -> str:
+    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}..{max(values):.{digits}f}]"
 
 
-def _summary(values: list[float], digits: int = 3) -> str:
-    return (f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}..{max(values):.{digits}f}]")
+def _iqr(values, digits=3) -> str:
+    ordered = sorted(values)
+    q1, q3 = (statistics.quantiles(ordered, n=4)[i] for i in (0, 2)) if len(ordered) >= 4 else (min(ordered), max(ordered))
+    return f"{statistics.median(ordered):.{digits}f} (IQR {q1:.{digits}f}..{q3:.{digits}f})"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=200_000, help="batches of the trivial loop")
-    parser.add_argument("--train-batches", type=int, default=400, help="batches of the 2-worker training loop")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=20, help="A: rounds of paired loops")
+    parser.add_argument("--paired-batches", type=int, default=30_000, help="A: batches per loop")
+    parser.add_argument("--batches", type=int, default=200_000, help="B: batches of the trivial loop")
+    parser.add_argument("--train-batches", type=int, default=1500, help="C: batches of the training loop")
+    parser.add_argument("--repeats", type=int, default=5, help="B and C: runs per mode")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--child", nargs=3, metavar=("MODE", "LOOP", "BATCHES"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        mode, loop, batches = args.child
-        print(json.dumps(child(mode, loop, int(batches))))
+        if args.child[0] == "paired":
+            result = child_paired(int(args.child[1]), int(args.child[2]))
+        else:
+            result = child(args.child[0], args.child[1], int(args.child[2]))
+        print(json.dumps(result))
         return 0
 
-    report: dict = {"trivial": {}, "training": {}}
-    for loop, batches in (("trivial", args.batches), ("training", args.train_batches)):
+    report: dict = {}
+    print(f"A. per-batch CPU of the training process, paired loops of {args.paired_batches} batches, "
+          f"{args.rounds} rounds (trivial dataset, num_workers=0)")
+    paired = _spawn("paired", args.rounds, args.paired_batches)
+    report["paired"] = paired
+    print(f"  plain loop            {_iqr(paired['base_us'])} us per batch")
+    for mode, values in paired["overhead_us"].items():
+        print(f"  {mode:21s} +{_iqr(values)} us per batch; start {_med(paired['start_s'][mode])} s, "
+              f"stop {_med(paired['stop_s'][mode])} s (once per run)")
+
+    for label, loop, batches in (("B. fresh process per run, trivial loop", "trivial", args.batches),
+                                 ("C. fresh process per run, 2-worker training loop", "training",
+                                  args.train_batches)):
         runs = {mode: [] for mode in MODES}
         for _ in range(args.repeats):
             for mode in MODES:
                 runs[mode].append(_spawn(mode, loop, batches))
+        print(f"\n{label}: {runs['none'][0]['batches']} batches, {args.repeats} runs per mode "
+              "(median [min..max])")
         base_cpu = [r["cpu_s"] / r["batches"] * 1e6 for r in runs["none"]]
         base_wall = [r["wall_s"] for r in runs["none"]]
-        print(f"\n{loop} loop: {runs['none'][0]['batches']} batches, {args.repeats} runs per mode "
-              "(median [min..max])")
+        report[loop] = {}
         for mode in MODES:
             cpu = [r["cpu_s"] / r["batches"] * 1e6 for r in runs[mode]]
             wall = [r["wall_s"] for r in runs[mode]]
-            # Overhead per round against that round's baseline run (pairs share the noise).
-            cpu_over = [c - b for c, b in zip(cpu, base_cpu)]
             wall_over = [100 * (w - b) / b for w, b in zip(wall, base_wall)]
-            entry = {"cpu_us_per_batch": cpu, "wall_s": wall, "cpu_overhead_us_per_batch": cpu_over,
-                     "wall_overhead_percent": wall_over}
-            line = (f"  {mode:15s} cpu/batch {_summary(cpu)} us   wall {_summary(wall)} s   "
-                    f"overhead cpu/batch {_summary(cpu_over)} us, wall {_summary(wall_over, 2)} %")
-            start = [r["start_wall_s"] for r in runs[mode]]
-            stop = [r["stop_wall_s"] for r in runs[mode]]
-            entry.update(start_wall_s=start, stop_wall_s=stop)
+            entry = {"cpu_us_per_batch": cpu, "wall_s": wall, "wall_overhead_percent": wall_over,
+                     "cpu_overhead_us_per_batch": [c - b for c, b in zip(cpu, base_cpu)]}
+            line = f"  {mode:15s} cpu/batch {_med(cpu)} us   loop wall {_med(wall)} s"
             if mode != "none":
-                line += f"\n  {'':15s} start {_summary(start)} s, stop {_summary(stop)} s (once per run, not in the loop)"
+                line += f"   wall vs none (same round) {_med(wall_over, 2)} %"
             sink = [r["sink_cpu_s"] / r["batches"] * 1e6 for r in runs[mode] if "sink_cpu_s" in r]
             if sink:
                 entry["sink_cpu_us_per_batch"] = sink
-                line += f"\n  {'':15s} sink process cpu/batch {_summary(sink)} us (outside the training process)"
+                line += f"\n  {'':15s} sink process cpu/batch {_med(sink)} us (not the training process)"
             report[loop][mode] = entry
             print(line)
+
     costs = worker_record_costs()
     report["worker_records"] = costs
-    print(f"\nworker side: {costs['worker_lifetime_records_us']} us per worker lifetime (start + end records), "
-          f"{costs['fetch_record_us']} us per fetch record (worker_fetch=True)")
-    trivial = report["trivial"]
-    cpu_over = statistics.median(trivial["collector"]["cpu_overhead_us_per_batch"])
+    print(f"\nworker side: {costs['worker_lifetime_records_us']} us per worker lifetime (start + end "
+          f"records, in the worker), {costs['fetch_record_us']} us per fetch record (worker_fetch=True); "
+          "0 in the training process")
+    cpu_over = statistics.median(paired["overhead_us"]["collector"])
     wall_over = statistics.median(report["training"]["collector"]["wall_overhead_percent"])
-    print(f"\ntargets: cpu overhead/batch {cpu_over:.3f} us (<= 1 us: {'met' if cpu_over <= 1 else 'NOT met'}); "
-          f"2-worker wall overhead {wall_over:.2f} % (<= 2 %: {'met' if wall_over <= 2 else 'NOT met'})")
+    print(f"\ntargets: per-batch CPU {cpu_over:.3f} us (<= 1 us: {'met' if cpu_over <= 1 else 'NOT met'}); "
+          f"2-worker wall {wall_over:+.2f} % (<= 2 %: {'met' if wall_over <= 2 else 'NOT met'})")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)

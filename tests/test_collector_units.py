@@ -71,7 +71,8 @@ def test_write_events_rotates_on_size(tmp_path):
 # --- the stream -----------------------------------------------------------------------------
 
 def test_frames_survive_any_split():
-    records = array("q", [T0 * 1000, T0 * 1000 + 5, 3, -1, T0 * 1000 + 9, T0 * 1000 + 20, 3, 1])
+    records = array("q", [T0 * 1000, T0 * 1000 + 5, protocol.source(3, -1),
+                          T0 * 1000 + 9, T0 * 1000 + 20, protocol.source(3, 1)])
     stream = (protocol.getnext_frame(records) + protocol.frame(protocol.CONTROL, b'{"t":"init"}')
               + protocol.frame(protocol.QUIT))
     for cut in range(len(stream) + 1):
@@ -87,12 +88,12 @@ def test_buffer_keeps_control_records_in_order():
 
     buffer = _Buffer()
     buffer.control({"t": "init", "iid": 1})
-    buffer.extend((1, 2, 1, -1))
-    buffer.extend((3, 4, 1, -1))
+    buffer.add([1, 2, protocol.source(1, -1)])
+    buffer.add([3, 4, protocol.source(1, -1)])
     buffer.control({"t": "init", "iid": 2})
-    buffer.extend((5, 6, 2, 0))
+    buffer.add([5, 6, protocol.source(2, 0)])
     first = protocol.FrameReader().feed(buffer.drain())
-    buffer.extend((7, 8, 2, 1))
+    buffer.add([7, 8, protocol.source(2, 1)])
     buffer.control({"t": "init", "iid": 3})
     second = protocol.FrameReader().feed(buffer.drain())
     assert buffer.drain() == b""
@@ -102,13 +103,16 @@ def test_buffer_keeps_control_records_in_order():
         for kind, payload in frames:
             if kind == protocol.GETNEXT:
                 values = list(protocol.getnext_records(payload))
-                out += [tuple(values[i:i + 4]) for i in range(0, len(values), 4)]
+                out += [(values[i], values[i + 1], *protocol.split_source(values[i + 2]))
+                        for i in range(0, len(values), 3)]
             else:
                 out.append(json.loads(payload)["iid"])
         return out
 
     assert decode(first) == [1, (1, 2, 1, -1), (3, 4, 1, -1), 2, (5, 6, 2, 0)]
     assert decode(second) == [(7, 8, 2, 1), 3]
+    assert protocol.split_source(protocol.source(2**40, protocol.MAX_WORKER_ID)) == (2**40, 65533)
+    assert protocol.split_source(protocol.source(7, protocol.WORKER_UNKNOWN)) == (7, -2)
 
 
 # --- node ids -------------------------------------------------------------------------------
@@ -200,8 +204,9 @@ def test_sink_turns_records_and_spool_files_into_events(tmp_path):
     thread.start()
     init = {"t": "init", "iid": 1, "cls": "_MultiProcessingDataLoaderIter", "lid": 1, "t0": ns, "t1": ns + 2_000_000,
             "pid": 99, "nw": 2, "pin": False, "pers": False, "pf": 2}
-    getnext = array("q", [ns + 2_500_000, ns + 9_000_000, 1, 0, ns + 9_500_000, ns + 9_600_000, 1, 1,
-                          ns + 9_700_000, ns + 9_800_000, 1, protocol.WORKER_UNKNOWN])
+    getnext = array("q", [ns + 2_500_000, ns + 9_000_000, protocol.source(1, 0),
+                          ns + 9_500_000, ns + 9_600_000, protocol.source(1, 1),
+                          ns + 9_700_000, ns + 9_800_000, protocol.source(1, protocol.WORKER_UNKNOWN)])
     os.write(write_fd, protocol.frame(protocol.CONTROL, protocol.control_payload(init)))
     os.write(write_fd, protocol.getnext_frame(getnext))
     time.sleep(0.2)  # a tick reads the spool's complete lines
@@ -246,7 +251,7 @@ def test_sink_that_cannot_write_drains_the_stream(tmp_path):
     thread = threading.Thread(target=lambda: result.setdefault("status", run_sink(config, read_fd)))
     thread.start()
     for _ in range(50):  # more than a pipe holds: it must be read, never block the writer
-        os.write(write_fd, protocol.getnext_frame(array("q", [1, 2, 3, 4] * 1000)))
+        os.write(write_fd, protocol.getnext_frame(array("q", [1, 2, 3] * 1000)))
     os.close(write_fd)
     thread.join(10)
     os.close(read_fd)

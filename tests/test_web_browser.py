@@ -19,9 +19,11 @@ import urllib.request
 import pytest
 from selenium.webdriver.common.action_chains import ActionChains
 
+import dashboard
 from conftest import upload_folder
 from dashboard import synthetic
 from dashboard.web.server import SAMPLE_TRIAL, ServerOptions, create_app
+from test_web_units import costly_starts, record_kineto_trace, training_percent, with_margin
 
 pytestmark = pytest.mark.browser
 
@@ -317,9 +319,16 @@ def test_a_link_opens_the_same_trial_node_and_window(dash_duo, tmp_path):
     assert dash_duo.find_element("#trial-path").get_attribute("value") == str(tmp_path / "trial")
     assert float(text(dash_duo, "getnext-median-us")) == pytest.approx(second["getnext_median_us"], abs=0.05)
     wait_until(lambda: window_range(dash_duo) == (lo, hi), message="the linked window")
-    # The node selector: all nodes again.
+    nodes_verdict = dashboard.analyze(str(tmp_path / "trial")).nodes_verdict
+    assert text(dash_duo, "verdict-percent") == f"{nodes_verdict['20002-algo-2'].input_percent:.1f}"
+    assert not dash_duo.driver.find_elements("css selector", "#verdict-nodes")  # one node: no table
+    # The node selector: all nodes again, with a verdict per node.
     dash_duo.select_dcc_dropdown("#node-select", value="all nodes")
     wait_loaded(dash_duo, all_nodes["getnext"])
+    rows = wait_until(lambda: dash_duo.driver.find_elements("css selector", "#verdict-nodes tbody tr"),
+                      message="the verdict per node")
+    assert {r.get_attribute("data-node"): r.text.split()[1] for r in rows} == {
+        node: f"{v.input_percent:.1f}" for node, v in nodes_verdict.items()}
     assert text(dash_duo, "workers-count") == str(all_nodes["workers"])
     assert window_range(dash_duo) == (lo, hi)
     assert "node=" not in dash_duo.driver.current_url
@@ -416,8 +425,106 @@ def test_the_bundled_sample_trial_loads_by_default(dash_duo, tmp_path):
     wait_loaded(dash_duo, counts["DataLoaderIter"])
     assert text(dash_duo, "init-count") == str(counts["DataLoaderIterInitialize"])
     assert text(dash_duo, "workers-count") == str(counts["DataLoaderWorker"])
+    result = dashboard.analyze(SAMPLE_TRIAL)
+    assert text(dash_duo, "verdict-class") == result.verdict.class_
+    assert text(dash_duo, "verdict-percent") == f"{result.verdict.input_percent:.1f}"
+    assert shown_findings(dash_duo) == [r.id for r in result.recommendations]
     for graph in GRAPHS:
         wait_until(lambda: graph_points(dash_duo.driver, graph) > 0, message=f"data in {graph}")
+    path = os.path.join(os.environ.get("DASHBOARD_SCREENSHOTS", str(tmp_path)), "dashboard-sample-verdict.png")
+    screenshot(dash_duo.driver, path)
+    assert os.path.getsize(path) > 50_000
+
+
+def shown_findings(dash_duo) -> list[str]:
+    """The ids of the findings on the page, in order."""
+    return [e.get_attribute("data-id") for e in dash_duo.find_elements("#recommendations .recommendation")]
+
+
+def test_the_verdict_and_findings_lead_the_summary_and_show_their_evidence(dash_duo, tmp_path):
+    written = costly_starts(str(tmp_path / "trial"))
+    result = dashboard.analyze(str(tmp_path / "trial"))
+    start(dash_duo, tmp_path, tmp_path / "trial")
+    wait_loaded(dash_duo, len(written.of_kind("getnext")))
+    # The verdict: the analysis's, and the share of training waiting in GetNext counted here.
+    dash_duo.wait_for_text_to_equal("#verdict-class", "highly", timeout=10)
+    assert result.verdict.class_ == "highly"
+    percent = text(dash_duo, "verdict-percent")
+    assert percent == f"{result.verdict.input_percent:.1f}"
+    assert float(percent) == pytest.approx(training_percent(written), abs=0.06)
+    assert result.verdict.basis in text(dash_duo, "verdict")
+    # The findings, in the analysis's order, each with its text and saving.
+    assert shown_findings(dash_duo) == [r.id for r in result.recommendations] == ["persistent_workers", "startup"]
+    items = dash_duo.find_elements("#recommendations .recommendation")
+    for item, finding in zip(items, result.recommendations):
+        assert finding.text.replace("`", "") in " ".join(item.text.split())
+        if finding.saving_s is None:
+            assert "saves about" not in item.text
+        else:
+            assert f"saves about {finding.saving_s:.2f} s" in item.text
+    # First on the page: the verdict and the findings come before what was read.
+    summary = text(dash_duo, "summary")
+    assert summary.index("highly") < summary.index("Workers are re-created") < summary.index(str(tmp_path / "trial"))
+    # "show" moves the window to the evidence: the second epoch's slow first batch, then the
+    # third worker start (from its initialization to the end of its first batch).
+    firsts = [min((g for g in written.of_kind("getnext") if g.epoch == e), key=lambda g: g.start_us)
+              for e in range(3)]
+    inits = sorted(written.of_kind("init"), key=lambda e: e.start_us)
+    driver = dash_duo.driver
+    for finding, index, want in (("startup", 1, with_margin(firsts[1].start_us, firsts[1].end_us)),
+                                 ("persistent_workers", 2, with_margin(inits[2].start_us, firsts[2].end_us))):
+        button = dash_duo.find_elements(f"#recommendations .recommendation[data-id='{finding}'] "
+                                        f"button.show-window")[index]
+        assert button.text == "show"
+        scroll_to(driver, button)
+        button.click()
+        wait_until(lambda: window_range(dash_duo) == want, message=f"the window of {finding} {index}")
+        wait_until(lambda: abs(axis_ms(driver, "window-graph")["r0"] * 1000 - want[0]) <= PLOTLY_DATE_US,
+                   message="window-graph at the evidence")
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(driver.current_url).query)
+    assert (iso_us(query["start"][0]), iso_us(query["end"][0])) == want
+
+
+def test_a_kineto_trace_says_not_recorded_instead_of_zero(dash_duo, tmp_path):
+    calls = record_kineto_trace(tmp_path / "trace")  # a real torch.profiler run
+    start(dash_duo, tmp_path, tmp_path / "trace")
+    wait_loaded(dash_duo, calls)
+    result = dashboard.analyze(str(tmp_path / "trace"))
+    assert result.trial.format == "kineto"
+    for count, note in (("init-count", "init-not-recorded"), ("workers-count", "workers-not-recorded")):
+        assert text(dash_duo, count) == "not recorded"
+        assert text(dash_duo, note).startswith("not recorded (PyTorch profiler trace)")
+    assert "worker processes" in text(dash_duo, "not-recorded")
+    # The slow first batches (workers starting) are outliers of no known worker.
+    rows = dash_duo.find_elements("#getnext-outliers tbody tr")[1:]
+    assert rows and int(text(dash_duo, "getnext-outlier-count")) >= 2
+    header = [h.text for h in dash_duo.find_elements("#getnext-outliers thead th, #getnext-outliers tr:first-child th")]
+    column = header.index("worker id")
+    assert all(row.find_elements("css selector", "td")[column].text == "not recorded" for row in rows)
+    assert text(dash_duo, "verdict-class") == (result.verdict.class_ or "none")
+    assert text(dash_duo, "verdict-percent") == f"{result.verdict.input_percent:.1f}"
+    assert shown_findings(dash_duo) == [r.id for r in result.recommendations]
+
+
+def test_a_clean_trial_has_no_findings_and_a_too_large_one_is_refused(dash_duo, tmp_path):
+    clean = synthetic.write_trial(str(tmp_path / "clean"), epochs=1, train_batches=30, num_workers=2,
+                                  val_batches=0, getnext_us=(200, 400))
+    big = synthetic.write_trial(str(tmp_path / "big"), epochs=4, train_batches=60, val_batches=5)
+    limit = 2 * (len(clean.events) + clean.system_samples)
+    assert len(big.events) + big.system_samples > limit
+    start(dash_duo, tmp_path, tmp_path / "clean", max_events=limit)
+    wait_loaded(dash_duo, len(clean.of_kind("getnext")))
+    dash_duo.wait_for_text_to_equal("#verdict-class", "not", timeout=10)
+    assert float(text(dash_duo, "verdict-percent")) == pytest.approx(training_percent(clean), abs=0.06)
+    assert "no findings" in text(dash_duo, "recommendations").lower()
+    assert shown_findings(dash_duo) == []
+    type_path(dash_duo, str(tmp_path / "big"))
+    dash_duo.find_element("#load-trial").click()
+    dash_duo.wait_for_contains_text("#error-message", f"more than the limit of {limit:,} events", timeout=30)
+    message = text(dash_duo, "error-message")
+    assert str(tmp_path / "big") in message and "--max-events" in message
+    assert_no_traceback(dash_duo)
+    assert text(dash_duo, "getnext-count") == str(len(clean.of_kind("getnext")))  # the last good trial stays
 
 
 def test_gunicorn_workers_share_one_cache(dash_duo, tmp_path):

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -343,3 +347,318 @@ def test_batch_time_median_from_events_matches_the_page_number(tmp_path):
         gaps += [(b - a) / 1e6 for a, b in zip(starts, starts[1:])]
     assert float(panel["batchtime"]["median_s"]) == pytest.approx(statistics.median(gaps), abs=1e-7)
     assert panel["getnext"]["count"] == str(len(written.of_kind("getnext")))
+
+
+# --- the verdict and the findings in the summary ------------------------------------------------
+
+def component_text(component) -> str:
+    """The text a Dash component tree shows (what a browser's innerText holds, spacing aside)."""
+    if component is None:
+        return ""
+    if isinstance(component, (str, int, float)):
+        return str(component)
+    if isinstance(component, (list, tuple)):
+        return "".join(component_text(c) for c in component)
+    return component_text(getattr(component, "children", None))
+
+
+def find_components(component, test) -> list:
+    """Every component of a tree for which test(component) holds."""
+    found = []
+    if isinstance(component, (list, tuple)):
+        for child in component:
+            found += find_components(child, test)
+    elif component is not None and not isinstance(component, (str, int, float)):
+        if test(component):
+            found.append(component)
+        found += find_components(getattr(component, "children", None), test)
+    return found
+
+
+def by_id(component, id_):
+    found = find_components(component, lambda c: getattr(c, "id", None) == id_)
+    assert len(found) == 1, (id_, len(found))
+    return found[0]
+
+
+def costly_starts(folder) -> synthetic.SyntheticTrial:
+    """Workers re-created every epoch (not persistent) at 0.4 s a start, and a 0.3 s first batch."""
+    return synthetic.write_trial(folder, epochs=3, train_batches=12, num_workers=2, val_batches=0,
+                                 init_us=(400_000, 450_000), slow_batches={(e, 0): 300_000 for e in range(3)})
+
+
+def training_percent(written: synthetic.SyntheticTrial) -> float:
+    """GetNext time over training time, from the events written: each epoch's training runs from
+    its first GetNext to the end of the step its last batch fed (steps follow their GetNext)."""
+    waited = spans = 0
+    for epoch in sorted({e.epoch for e in written.events}):
+        calls = sorted((e for e in written.of_kind("getnext") if e.epoch == epoch and
+                        e.iterator_class == synthetic.TRAIN_ITER), key=lambda e: e.start_us)
+        steps = [e for e in written.of_kind("step") if e.epoch == epoch and e.name == "Step:ModeKeys.TRAIN"]
+        waited += sum(e.duration_us for e in calls)
+        spans += max(max(e.end_us for e in steps), calls[-1].end_us) - calls[0].start_us
+    return 100.0 * waited / spans
+
+
+def with_margin(start_us: int, end_us: int) -> tuple[int, int]:
+    margin = max(int((end_us - start_us) * 0.5), 1_000)  # as an outlier click shows it
+    return start_us - margin, end_us + margin
+
+
+def test_verdict_summary_leads_with_the_verdict_and_the_findings_with_their_windows(tmp_path):
+    import dashboard
+    from dashboard.web import layout
+
+    folder = str(tmp_path / "trial")
+    written = costly_starts(folder)
+    result = dashboard.analyze(folder)
+    view = views.trial_view(dashboard.load_trial(folder))
+    data = views.verdict_summary(view)
+    percent = training_percent(written)
+    assert percent > 20  # planted: highly input-bound
+    assert data["class"] == result.verdict.class_ == "highly"
+    assert data["percent"] == f"{result.verdict.input_percent:.1f}"
+    # shown to 0.1 (of the library's 0.01): within 0.06 of the exact share
+    assert float(data["percent"]) == pytest.approx(percent, abs=0.06)
+    assert data["basis"] == result.verdict.basis and data["nodes"] == []
+    assert [f["id"] for f in data["findings"]] == [r.id for r in result.recommendations] == [
+        "persistent_workers", "startup"]
+    for shown, item in zip(data["findings"], result.recommendations):
+        assert shown["text"] == item.text
+        assert shown["saving"] == ("" if item.saving_s is None else f"saves about {item.saving_s:.2f} s")
+    assert data["findings"][0]["saving"].startswith("saves about ") and data["findings"][1]["saving"] == ""
+    # Each worker start: from its initialization to the end of the first batch after it.
+    inits = sorted(written.of_kind("init"), key=lambda e: e.start_us)
+    firsts = [min((g for g in written.of_kind("getnext") if g.epoch == e), key=lambda g: g.start_us)
+              for e in range(3)]
+    starts = [(w["start_us"], w["end_us"]) for w in data["findings"][0]["windows"]]
+    assert starts == [with_margin(i.start_us, f.end_us) for i, f in zip(inits, firsts)]
+    first_batches = [(w["start_us"], w["end_us"]) for w in data["findings"][1]["windows"]]
+    assert first_batches == [with_margin(f.start_us, f.end_us) for f in firsts]
+    assert data["findings"][1]["windows"][0]["label"] == "first batch 1 · 300.0 ms"
+    # The page: the badge, the number, the findings in order with data-id, a "show" per window.
+    page = layout.summary_component(views.summary(view.trial), data)
+    assert component_text(by_id(page, "verdict-class")) == "highly"
+    assert component_text(by_id(page, "verdict-percent")) == data["percent"]
+    items = find_components(by_id(page, "recommendations"),
+                            lambda c: "recommendation" in (getattr(c, "className", "") or "").split())
+    assert [getattr(c, "data-id") for c in items] == ["persistent_workers", "startup"]
+    assert item.text.replace("`", "") in component_text(items[1])  # `code` shown as <code>
+    buttons = find_components(items[1], lambda c: isinstance(getattr(c, "id", None), dict))
+    assert [(b.id["start_us"], b.id["end_us"]) for b in buttons] == first_batches
+    assert all(component_text(b) == "show" and b.id["type"] == "show-window" for b in buttons)
+    text = component_text(page)
+    assert text.index("highly") < text.index("Workers are re-created") < text.index(str(tmp_path / "trial"))
+
+
+def test_a_clean_trial_shows_no_findings(tmp_path):
+    import dashboard
+    from dashboard.web import layout
+
+    folder = str(tmp_path / "trial")
+    written = synthetic.write_trial(folder, epochs=1, train_batches=30, num_workers=2, val_batches=0,
+                                    getnext_us=(200, 400))
+    view = views.trial_view(dashboard.load_trial(folder))
+    data = views.verdict_summary(view)
+    assert data["class"] == "not" and data["findings"] == []
+    assert float(data["percent"]) == pytest.approx(training_percent(written), abs=0.06)
+    page = layout.summary_component(views.summary(view.trial), data)
+    assert "no findings" in component_text(by_id(page, "recommendations")).lower()
+    assert not find_components(page, lambda c: isinstance(getattr(c, "id", None), dict))
+
+
+def test_several_nodes_get_a_verdict_table_and_no_getnext_gets_class_none(tmp_path):
+    import dashboard
+    from dashboard.web import layout
+
+    folder = str(tmp_path / "trial")
+    written = synthetic.write_trial(folder, hosts=2, epochs=1, train_batches=20, val_batches=0)
+    result = dashboard.analyze(folder)
+    view = views.trial_view(dashboard.load_trial(folder))
+    data = views.verdict_summary(view)
+    nodes = {e.node for e in written.events}
+    assert [row["node"] for row in data["nodes"]] == sorted(nodes) == sorted(result.nodes_verdict)
+    for row in data["nodes"]:
+        verdict = result.nodes_verdict[row["node"]]
+        assert row["percent"] == f"{verdict.input_percent:.1f}" and row["class"] == verdict.class_
+    page = layout.summary_component(views.summary(view.trial), data)
+    table = by_id(page, "verdict-nodes")
+    assert [getattr(r, "data-node") for r in find_components(table, lambda c: hasattr(c, "data-node"))] == \
+        sorted(nodes)
+    # One node selected: its own verdict, no table.
+    one = views.verdict_summary(views.trial_view(dashboard.load_trial(folder), "algo-2"))
+    assert one["nodes"] == [] and one["node"] == "algo-2"
+    assert one["percent"] == f"{result.nodes_verdict['20002-algo-2'].input_percent:.1f}"
+    # Without GetNext events there is nothing to judge by.
+    bare = str(tmp_path / "bare")
+    synthetic.write_trial(bare, epochs=1, train_batches=5, val_batches=0)
+    shutil.rmtree(os.path.join(bare, "framework"))
+    data = views.verdict_summary(views.trial_view(dashboard.load_trial(bare)))
+    assert data["class"] == "none" and data["percent"] == "-" and data["findings"] == []
+    page = layout.summary_component(views.summary(views.trial_view(dashboard.load_trial(bare)).trial), data)
+    assert component_text(by_id(page, "verdict-class")) == "none"
+    assert "no GetNext" in component_text(page)
+
+
+def test_show_window_clicks_name_their_window_and_new_buttons_do_nothing():
+    from dashboard.web.callbacks import _shown_window
+
+    button = {"type": "show-window", "index": "startup:0", "start_us": 10, "end_us": 20}
+    assert _shown_window(button, 1) == (10, 20)
+    assert _shown_window(button, 0) is None and _shown_window(button, None) is None
+    assert _shown_window({"type": "show-window", "start_us": "x", "end_us": 2}, 1) is None
+
+
+# --- PyTorch profiler (Kineto) traces: what they do not record ----------------------------------
+
+KINETO_RUN = r"""
+import os, socket, sys
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.data import DataLoader, Dataset
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        return torch.full((8,), float(i)), i % 3
+
+
+model = torch.nn.Linear(8, 3)
+loader = DataLoader(Squares(), batch_size=4, num_workers=2)
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for _ in range(2):
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+prof.export_chrome_trace(os.path.join(sys.argv[1], f"{socket.gethostname()}_{os.getpid()}.1.pt.trace.json"))
+"""
+KINETO_NEXT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+
+
+def record_kineto_trace(folder) -> int:
+    """A real torch.profiler trace of 2 epochs of a 2-worker loader (12 batches each) in
+    `folder`; returns the DataLoader next() events in it, read straight off the JSON."""
+    os.makedirs(folder, exist_ok=True)
+    subprocess.run([sys.executable, "-c", KINETO_RUN, str(folder)], check=True, timeout=180,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    [name] = [n for n in os.listdir(folder) if n.endswith(".pt.trace.json")]
+    with open(os.path.join(folder, name)) as handle:
+        events = json.load(handle)["traceEvents"]
+    return sum(1 for e in events if e.get("ph") == "X" and e.get("name") == KINETO_NEXT)
+
+
+@pytest.fixture(scope="module")
+def kineto_trial(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kineto") / "trace"
+    return str(folder), record_kineto_trace(folder)
+
+
+def test_a_kineto_trace_says_not_recorded_instead_of_zero(kineto_trial):
+    import dashboard
+    from dashboard.web import layout
+
+    folder, calls = kineto_trial
+    assert calls == 2 * (12 + 1)  # 12 batches an epoch, and the call that ends each epoch
+    trial = dashboard.load_trial(folder)
+    view = views.trial_view(trial)
+    panel = views.panels(view)
+    assert panel["getnext"]["count"] == str(calls)
+    for part in ("init", "workers"):
+        assert panel[part]["count"] == "not recorded" and panel[part]["outlier_count"] == "-"
+        assert panel[part]["note"].startswith("not recorded (PyTorch profiler trace)")
+        assert panel[part]["median_us"] == "-" and panel[part]["outliers"] == []
+    assert "not recorded (PyTorch profiler trace)" in panel["init"]["figure"]["layout"]["annotations"][0]["text"]
+    # The first batch of each epoch waits for the workers to start: an outlier, of no known worker.
+    rows = panel["getnext"]["outliers"]
+    assert rows and all(row["worker_id"] == "not recorded" for row in rows)
+    assert all(row["worker_id"] == "not recorded" for row in panel["batchtime"]["outliers"])
+    data = views.verdict_summary(view)
+    result = dashboard.analyze(folder)
+    assert data["class"] == result.verdict.class_ and data["percent"] == f"{result.verdict.input_percent:.1f}"
+    assert data["not_recorded"].startswith("Not recorded (PyTorch profiler trace): iterator initialization, "
+                                           "worker processes")
+    page = layout.summary_component(views.summary(trial), data)
+    assert component_text(by_id(page, "not-recorded")) == data["not_recorded"]
+
+
+def test_a_mixed_trial_says_where_it_was_not_recorded(kineto_trial, tmp_path):
+    import dashboard
+
+    folder, _ = kineto_trial
+    mixed = tmp_path / "mixed"
+    shutil.copytree(folder, mixed)
+    written = synthetic.write_trial(str(mixed), epochs=2, train_batches=10, val_batches=0)
+    trial = dashboard.load_trial(str(mixed))
+    assert trial.format == "mixed"
+    panel = views.panels(views.trial_view(trial))
+    [kineto_node] = trial.kineto_nodes
+    assert panel["init"]["count"] == str(len(written.of_kind("init")))  # those recorded
+    assert panel["workers"]["count"] == str(len(written.of_kind("worker")))
+    assert panel["init"]["note"].startswith(f"not recorded on {kineto_node} (PyTorch profiler trace)")
+    for row in panel["getnext"]["outliers"]:
+        assert (row["worker_id"] == "not recorded") == (row["node"] == kineto_node)
+    # The smdebug node alone: recorded, so nothing to say.
+    alone = views.panels(views.trial_view(trial, "algo-1"))
+    assert alone["init"]["note"] == "" and alone["init"]["count"] == str(len(written.of_kind("init")))
+
+
+# --- the trial size limits -----------------------------------------------------------------------
+
+def test_limits_refuse_a_large_trial_with_a_clear_message_and_cache_nothing(tmp_path):
+    from dashboard.trial.errors import TrialTooLargeError
+
+    folder = str(tmp_path / "trial")
+    written = synthetic.write_trial(folder, epochs=2, train_batches=30, val_batches=0)
+    events = len(written.events) + written.system_samples
+    size = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(folder) for n in names)
+    cache = TrialCache(str(tmp_path / "cache"), 64)
+    with pytest.raises(TrialTooLargeError) as error:
+        cache.load(folder, roots=[str(tmp_path)], max_events=events // 2)
+    message = views.load_error_text(error.value)
+    assert folder in message and f"limit of {events // 2:,} events" in message
+    assert "--max-events" in message and "DASHBOARD_MAX_EVENTS" in message
+    with pytest.raises(TrialTooLargeError, match="over the limit"):
+        cache.load(folder, roots=[str(tmp_path)], max_bytes=size // 2)
+    assert len(cache.disk) == 0
+    key, trial, _ = cache.load(folder, roots=[str(tmp_path)], max_events=events, max_bytes=size)
+    assert len(trial.framework) + len(trial.system) == events
+
+
+def test_size_limit_options_and_their_defaults(monkeypatch, tmp_path):
+    import argparse
+
+    import dash
+
+    import app as entry
+    from dashboard.web.options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_TRIAL_MB
+    from dashboard.web.server import options_from_args, options_from_environment
+
+    parser = entry.build_parser()
+    defaults = options_from_args(parser.parse_args(["serve"]))
+    assert (defaults.max_trial_mb, defaults.max_events) == (DEFAULT_MAX_TRIAL_MB, DEFAULT_MAX_EVENTS)
+    assert defaults.max_bytes == 2048 * 10**6 and defaults.max_events_limit == 50_000_000
+    chosen = options_from_args(parser.parse_args(["serve", "--max-trial-mb", "5", "--max-events", "1000"]))
+    assert chosen.max_bytes == 5_000_000 and chosen.max_events_limit == 1000
+    off = options_from_args(parser.parse_args(["serve", "--max-trial-mb", "0", "--max-events", "0"]))
+    assert off.max_bytes is None and off.max_events_limit is None
+    for bad in (["--max-events", "-1"], ["--max-trial-mb", "lots"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", *bad])
+    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    help_text = " ".join(serve.format_help().split())
+    assert "default 2048" in help_text and "default 50,000,000" in help_text
+    env = options_from_environment({"DASHBOARD_MAX_TRIAL_MB": "7", "DASHBOARD_MAX_EVENTS": "0"})
+    assert env.max_bytes == 7_000_000 and env.max_events_limit is None
+    assert options_from_environment({}).max_events == DEFAULT_MAX_EVENTS
+    with pytest.raises(ValueError, match="DASHBOARD_MAX_EVENTS"):
+        options_from_environment({"DASHBOARD_MAX_EVENTS": "many"})
+    # The server passes them on to every load.
+    contexts = []
+    from dashboard.web import server
+
+    monkeypatch.setattr(server, "register_callbacks", lambda app, context: contexts.append(context))
+    monkeypatch.setattr(dash.Dash, "run", lambda self, **kwargs: None)
+    assert entry.main(["--cache-dir", str(tmp_path / "c"), "--max-trial-mb", "3", "--max-events", "99"]) == 0
+    assert (contexts[-1].max_bytes, contexts[-1].max_events) == (3_000_000, 99)

@@ -55,7 +55,9 @@ class _Buffer:
 
     def __init__(self):
         self.getnext = array("q")
-        self.extend = self.getnext.extend
+        # One record, [start_ns, end_ns, source]: `fromlist` resizes once and rolls back
+        # whole on a bad value, so the array never holds a partial record.
+        self.add = self.getnext.fromlist
         self._controls: list[tuple[int, bytes]] = []  # (GetNext records before it, payload)
         self._drained = 0  # GetNext records taken by drain() so far
         self._lock = threading.Lock()

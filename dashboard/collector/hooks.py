@@ -5,12 +5,13 @@
   multi-process iterator starts its workers, torch's `_worker_loop` is swapped for a
   `worker.WorkerLoop` carrying that id, so that each worker records its lifetime.
 - `_BaseDataLoaderIter.__next__`: one GetNext record per batch: start and end (epoch
-  ns), iterator id, and the worker id that produced the batch, which
-  `_MultiProcessingDataLoaderIter._process_data(data, worker_idx)` leaves on the
-  iterator just before `__next__` returns it (-1 single-process).
+  ns), and the iterator id and worker id packed in one number (protocol.source), which
+  the iterator carries as `_dlp`: set per iter() (worker -1 single-process), and per
+  batch by `_MultiProcessingDataLoaderIter._process_data(data, worker_idx)`, which
+  torch calls just before `__next__` returns that worker's batch.
 
-The hot path is `__next__`: two `time.time_ns()` calls, two attribute reads and a
-tuple appended to a list (no lock, no formatting). `inspect_torch()` checks each
+The hot path is `__next__`: two `time.time_ns()` calls, one attribute read and three
+numbers appended to an int64 array (no lock, no formatting, no object kept). `inspect_torch()` checks each
 internal it relies on and degrades with a warning when one differs (another torch 2.x):
 no worker id, no worker events, or nothing at all; it never lets training break.
 """
@@ -104,11 +105,9 @@ class Hooks:
         self._torch_worker = torch_worker
         if not isinstance(torch_worker._worker_loop, worker.WorkerLoop):
             worker.ORIGINAL_LOOP = torch_worker._worker_loop
-        # Defaults read by the hot path on iterators the hooks have not seen (yet).
+        # Defaults read by the hooks on iterators they have not seen (yet): 0, adopt it.
         base._dlp = 0
-        base._dlp_worker = -1
-        if multi is not None:
-            multi._dlp_worker = protocol.WORKER_UNKNOWN
+        base._dlp_base = 0
         self._patch(DataLoader, "__iter__", self._make_iter(DataLoader.__dict__["__iter__"]))
         self._patch(base, "__next__", self._make_next(base.__dict__["__next__"]))
         if multi is not None and self.caps.worker_id:
@@ -135,26 +134,33 @@ class Hooks:
 
     # -- the wrappers --------------------------------------------------------------------
     def _make_next(self, original):
-        extend = self.collector._buffer.extend
-        adopt = self._adopt
-        now = time_ns
-
-        def __next__(self):
-            start = now()
-            data = original(self)
-            extend((start, now(), self._dlp or adopt(self), self._dlp_worker))
+        # Defaults, not closures: the fastest names Python has (LOAD_FAST).
+        def __next__(self, _original=original, _now=time_ns, _add=self.collector._buffer.add,
+                     _adopt=self._adopt):
+            start = _now()
+            data = _original(self)
+            _add([start, _now(), self._dlp or _adopt(self)])
             return data
 
         def make_inert():
-            nonlocal extend
-            extend = _discard
+            defaults = list(__next__.__defaults__)
+            defaults[2] = _discard
+            __next__.__defaults__ = tuple(defaults)
 
         __next__._dlp_make_inert = make_inert
         return __next__
 
     def _make_process_data(self, original):
+        adopt = self._adopt
+        unknown = protocol.WORKER_UNKNOWN
+
         def _process_data(self, data, worker_idx, *args, **kwargs):
-            self._dlp_worker = worker_idx if type(worker_idx) is int else protocol.WORKER_UNKNOWN
+            base = self._dlp_base
+            if not base:
+                adopt(self)
+                base = self._dlp_base
+            known = type(worker_idx) is int and 0 <= worker_idx <= protocol.MAX_WORKER_ID
+            self._dlp = base + (worker_idx if known else unknown) + 2
             return original(self, data, worker_idx, *args, **kwargs)
 
         return _process_data
@@ -224,7 +230,7 @@ class Hooks:
             return
         try:
             iid, _ = spawn
-            iterator._dlp = iid
+            self._label(iterator, iid)
             self.collector._buffer.control({
                 "t": "init", "iid": iid, "cls": type(iterator).__name__, "lid": self._loader_id(loader),
                 "t0": start_ns, "t1": end_ns, "pid": self._pid,
@@ -235,17 +241,26 @@ class Hooks:
         except Exception as exc:
             self.collector._warn(f"iter() not recorded ({type(exc).__name__}: {exc})")
 
+    @staticmethod
+    def _label(iterator, iid: int) -> None:
+        """What the hot path reads: the iterator id, with worker -1 single-process and
+        unknown until _process_data names the worker of a multi-process batch."""
+        base = iid << protocol.WORKER_BITS
+        iterator._dlp_base = base
+        single = getattr(iterator, "_num_workers", 1) == 0
+        iterator._dlp = base + (-1 if single else protocol.WORKER_UNKNOWN) + 2
+
     def _adopt(self, iterator) -> int:
         """An iterator created before the recording started: give it an id on first use."""
         try:
             iid = next(self._ids)
-            iterator._dlp = iid
+            self._label(iterator, iid)
             self.collector._buffer.control({
                 "t": "adopt", "iid": iid, "cls": type(iterator).__name__, "lid": -iid, "pid": self._pid,
                 "nw": int(getattr(iterator, "_num_workers", 0) or 0)})
-            return iid
+            return iterator._dlp
         except Exception:
-            return -1
+            return protocol.source(0, protocol.WORKER_UNKNOWN)
 
 
 def _json_number(value):

@@ -2,9 +2,9 @@
 
 A frame is a 5-byte header, `<kind:1 byte><length:uint32 little-endian>`, then the payload:
 
-    G  GetNext records: int64 little-endian quadruples
-       (start_ns, end_ns, iterator_id, worker_id); worker_id -1 single-process,
-       -2 unknown (torch internals without a worker id)
+    G  GetNext records: int64 little-endian triples (start_ns, end_ns, source), where
+       source = iterator_id << 16 | (worker_id + 2): worker_id -1 single-process,
+       -2 unknown (torch internals without a worker id), else the worker (< 65534)
     C  one control record, JSON: {"t": "init" | "adopt", ...}
     Q  end of the stream (the training process called stop())
 
@@ -23,8 +23,20 @@ GETNEXT = b"G"
 CONTROL = b"C"
 QUIT = b"Q"
 HEADER = struct.Struct("<cI")
-RECORD_FIELDS = 4
+RECORD_FIELDS = 3
 WORKER_UNKNOWN = -2
+WORKER_BITS = 16
+MAX_WORKER_ID = (1 << WORKER_BITS) - 3
+
+
+def source(iterator_id: int, worker_id: int) -> int:
+    """The third number of a GetNext record."""
+    return (iterator_id << WORKER_BITS) | (worker_id + 2)
+
+
+def split_source(value: int) -> tuple[int, int]:
+    """(iterator_id, worker_id) of a GetNext record's third number."""
+    return value >> WORKER_BITS, (value & ((1 << WORKER_BITS) - 1)) - 2
 MAX_FRAME = 64 << 20
 _LITTLE = sys.byteorder == "little"
 
@@ -34,7 +46,7 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
 
 
 def getnext_frame(records: array) -> bytes:
-    """A G frame from an array('q') of quadruples."""
+    """A G frame from an array('q') of triples."""
     if not _LITTLE:
         records = array("q", records)
         records.byteswap()

@@ -303,10 +303,12 @@ class Sink:
         """Read frames from `fd` until Q or EOF, ticking between reads; then finish."""
         reader = protocol.FrameReader()
         next_tick = time.monotonic() + self.config.tick_s
+        poller = select.poll()  # not select(): the fd may be above FD_SETSIZE in a busy process
+        poller.register(fd, select.POLLIN | select.POLLHUP)
         try:
             done = False
             while not done:
-                ready, _, _ = select.select([fd], [], [], max(0.0, next_tick - time.monotonic()))
+                ready = poller.poll(max(0.0, next_tick - time.monotonic()) * 1000)
                 if ready:
                     data = os.read(fd, 1 << 20)
                     if not data:
@@ -418,7 +420,9 @@ class Sink:
         last_us = 0
         info = None
         it = iter(records)
-        for t0, t1, iid, worker in zip(it, it, it, it):
+        bits, mask = protocol.WORKER_BITS, (1 << protocol.WORKER_BITS) - 1
+        for t0, t1, source in zip(it, it, it):
+            iid, worker = source >> bits, (source & mask) - 2
             if info is None or info.iid != iid:
                 info = iterators.get(iid)
                 if info is None:

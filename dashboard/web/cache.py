@@ -19,8 +19,8 @@ from typing import Callable, Sequence
 
 import diskcache
 
+from ..analysis import dataloader, verdict
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
-from ..analysis import dataloader
 from ..trial.errors import NotATrialError
 from ..trial.load import Trial, load_trial
 from ..trial.store import fingerprint, open_store
@@ -93,11 +93,13 @@ class TrialCache:
 
     def load(self, path: str, *, roots: Sequence[str] | None = None,
              s3_buckets: Sequence[str] | None = None, on_progress: Progress | None = None,
-             on_listed: Callable[[int], None] | None = None) -> tuple[str, Trial, bool]:
+             on_listed: Callable[[int], None] | None = None, max_bytes: int | None = None,
+             max_events: int | None = None) -> tuple[str, Trial, bool]:
         """(key, trial, from_cache) for a trial path; TrialError when it cannot be read.
 
         Lists the trial, then reads it only when this listing was not loaded before.
-        A trial without a single event is refused (NotATrialError), not cached.
+        A trial without a single event is refused (NotATrialError), not cached; one over
+        max_bytes or max_events (TrialTooLargeError) too.
         """
         store = open_store(path, roots=roots, s3_buckets=s3_buckets)
         files = store.list()
@@ -107,7 +109,8 @@ class TrialCache:
         cached = self.trial(key)
         if cached is not None:
             return key, cached, True
-        trial = load_trial(path, store=store, files=files, on_progress=on_progress)
+        trial = load_trial(path, store=store, files=files, on_progress=on_progress, max_bytes=max_bytes,
+                           max_events=max_events)
         if trial.framework.empty and trial.system.empty:
             reasons = sorted({s.reason for s in trial.report.files_skipped})
             raise NotATrialError(
@@ -123,6 +126,18 @@ class TrialCache:
         result = self._get(name)
         if result is None:
             result = dataloader.analyze(trial.for_node(node).framework, factor)
+            self._put(name, result)
+        return result
+
+    def assessment(self, key: str, trial: Trial, node: str | None = None,
+                   factor: float = DEFAULT_OUTLIER_FACTOR) -> verdict.Assessment:
+        """The input-bound verdict and recommendations of a cached trial (or one node of it),
+        computed once."""
+        name = f"assessment:{key}:{node or ''}:{factor:g}"
+        result = self._get(name)
+        if result is None:
+            part = trial.for_node(node)
+            result = verdict.assess(part.framework, part.system, factor)
             self._put(name, result)
         return result
 

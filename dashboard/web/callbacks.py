@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 from urllib.parse import parse_qs
 
-from dash import Input, Output, State, ctx, no_update
+from dash import ALL, Input, Output, State, ctx, no_update
 
 from ..trial.errors import TrialError
 from . import views
@@ -40,6 +40,8 @@ class Context:
     default_trial: str
     roots: Sequence[str]
     s3_buckets: Sequence[str] | None = None
+    max_bytes: int | None = None  # trials over these are refused (TrialTooLargeError)
+    max_events: int | None = None
 
 
 def _unexpected(what: str, exc: BaseException) -> str:
@@ -56,13 +58,28 @@ def get_view(context: Context, key: str, node: str | None) -> views.TrialView:
         if trial is None:
             raise TrialEvicted(key)
         analysis = context.cache.analysis(key, trial, node)
-        return views.trial_view(trial, node, analysis=analysis, key=key)
+        assessment = context.cache.assessment(key, trial, node)
+        return views.trial_view(trial, node, analysis=analysis, key=key, assessment=assessment)
 
     return context.cache.memo(f"view:{key}:{node or ''}", build)
 
 
 def _query(search: str | None) -> dict:
     return {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+
+
+# Every finding's "show" buttons (their ids carry the window to show).
+SHOW_WINDOW_BUTTONS = {"type": Ids.SHOW_WINDOW, "index": ALL, "start_us": ALL, "end_us": ALL}
+
+
+def _shown_window(trigger, clicks) -> tuple[int, int] | None:
+    """The window a clicked "show" button names (None for a button just drawn, not clicked)."""
+    if not clicks:
+        return None
+    try:
+        return int(trigger["start_us"]), int(trigger["end_us"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def register_callbacks(app, context: Context) -> None:
@@ -109,14 +126,15 @@ def register_callbacks(app, context: Context) -> None:
                 return no_update, "Type a trial path (a local folder or s3://bucket/prefix) and press Load."
             set_progress(("0", "1", f"Listing {path}…"))
             key, trial, cached = context.cache.load(path, roots=context.roots, s3_buckets=context.s3_buckets,
-                                                    on_progress=progress, on_listed=listed)
+                                                    on_progress=progress, on_listed=listed,
+                                                    max_bytes=context.max_bytes, max_events=context.max_events)
             set_progress(("1", "1", "Analyzing…"))
             node = request.get("node") or ""
-            context.cache.analysis(key, trial, None)
-            if node:
-                context.cache.analysis(key, trial, node)
+            for part in ([None, node] if node else [None]):
+                context.cache.analysis(key, trial, part)
+                context.cache.assessment(key, trial, part)
         except TrialError as exc:
-            return no_update, str(exc)
+            return no_update, views.load_error_text(exc)
         except Exception as exc:  # noqa: BLE001 - the page gets a message, the log the traceback
             return no_update, _unexpected(f"Loading {path}", exc)
         return {"path": path, "key": key, "start_us": trial.start_us, "end_us": trial.end_us,
@@ -128,6 +146,7 @@ def register_callbacks(app, context: Context) -> None:
         Output(Ids.INIT_COUNT, "children"), Output(Ids.INIT_MEDIAN, "children"), Output(Ids.INIT_MAX, "children"),
         Output(Ids.INIT_ITERATORS, "data"), Output(Ids.INIT_GRAPH, "figure"),
         Output(Ids.INIT_OUTLIER_COUNT, "children"), Output(Ids.INIT_OUTLIERS, "data"),
+        Output(Ids.INIT_NOTE, "children"), Output(Ids.WORKERS_NOTE, "children"),
         Output(Ids.WORKERS_COUNT, "children"), Output(Ids.WORKERS_MEDIAN, "children"),
         Output(Ids.WORKERS_MAX, "children"), Output(Ids.WORKERS_GRAPH, "figure"),
         Output(Ids.WORKERS_OUTLIER_COUNT, "children"), Output(Ids.WORKERS_OUTLIERS, "data"),
@@ -158,20 +177,21 @@ def register_callbacks(app, context: Context) -> None:
                 node = ""
             view = get_view(context, store["key"], node)
             p = context.cache.memo(f"panels:{store['key']}:{node}", lambda: views.panels(view))
+            verdict = context.cache.memo(f"verdict:{store['key']}:{node}", lambda: views.verdict_summary(view))
         except TrialEvicted:
             return [no_update] * (len(panel_outputs) - 1) + [EVICTED]
         except Exception as exc:  # noqa: BLE001
             return [no_update] * (len(panel_outputs) - 1) + [_unexpected("Showing the trial", exc)]
         init, workers, getnext, batch = p["init"], p["workers"], p["getnext"], p["batchtime"]
         return [
-            summary_component(views.summary(whole)), options, node,
+            summary_component(views.summary(whole), verdict), options, node,
             init["count"], init["median_us"], init["max_us"], init["iterators"], init["figure"],
-            str(init["outlier_count"]), init["outliers"],
+            init["outlier_count"], init["outliers"], init["note"], workers["note"],
             workers["count"], workers["median_us"], workers["max_us"], workers["figure"],
-            str(workers["outlier_count"]), workers["outliers"],
+            workers["outlier_count"], workers["outliers"],
             getnext["count"], getnext["median_us"], getnext["max_us"], getnext["histogram"],
-            getnext["timeline"], str(getnext["outlier_count"]), getnext["outliers"],
-            batch["count"], batch["median_s"], batch["figure"], str(batch["outlier_count"]), batch["outliers"],
+            getnext["timeline"], getnext["outlier_count"], getnext["outliers"],
+            batch["count"], batch["median_s"], batch["figure"], batch["outlier_count"], batch["outliers"],
             *[None] * len(OUTLIER_TABLES),
             no_update,
         ]
@@ -179,11 +199,12 @@ def register_callbacks(app, context: Context) -> None:
     @app.callback(Output(Ids.WINDOW_STORE, "data"),
                   Input(Ids.TRIAL_STORE, "data"), Input(Ids.OVERVIEW, "relayoutData"),
                   Input(Ids.WINDOW_GRAPH, "relayoutData"), Input(Ids.WHOLE_JOB, "n_clicks"),
-                  *[Input(t, "active_cell") for t in OUTLIER_TABLES],
+                  *[Input(t, "active_cell") for t in OUTLIER_TABLES], Input(SHOW_WINDOW_BUTTONS, "n_clicks"),
                   *[State(t, "data") for t in OUTLIER_TABLES], State(Ids.WINDOW_STORE, "data"),
                   prevent_initial_call=True)
     def set_window(store, overview_relayout, window_relayout, _whole, *rest):
-        cells, tables, current = rest[:len(OUTLIER_TABLES)], rest[len(OUTLIER_TABLES):-1], rest[-1]
+        tables_at = len(OUTLIER_TABLES) + 1  # the cells, then the "show" buttons' clicks
+        cells, tables, current = rest[:len(OUTLIER_TABLES)], rest[tables_at:-1], rest[-1]
         if not store or not store.get("key") or store.get("start_us") is None:
             return no_update
         span = (int(store["start_us"]), int(store["end_us"]))
@@ -212,6 +233,8 @@ def register_callbacks(app, context: Context) -> None:
                     row = next((r for r in rows if r.get("id") == row_id), None)
                     if row is not None:
                         chosen = views.outlier_window(int(row["start_us"]), int(row["end_us"]))
+            elif isinstance(trigger, dict) and trigger.get("type") == Ids.SHOW_WINDOW:
+                chosen = _shown_window(trigger, ctx.triggered[0]["value"] if ctx.triggered else None)
         except Exception as exc:  # noqa: BLE001 - a bad event never breaks the page
             _unexpected("Setting the window", exc)
             return no_update
@@ -275,12 +298,13 @@ def register_callbacks(app, context: Context) -> None:
         """,
         Output(Ids.OVERVIEW_DRAGMODE, "data"), Input(Ids.OVERVIEW, "relayoutData"), prevent_initial_call=True)
 
-    # Inspecting an outlier: bring the timeline into view.
+    # Inspecting an outlier or a finding's evidence: bring the timeline into view (not when a
+    # table is cleared or new "show" buttons are drawn).
     app.clientside_callback(
         """
         function() {
-            const cells = Array.from(arguments);
-            if (cells.some((c) => c)) {
+            const triggered = window.dash_clientside.callback_context.triggered || [];
+            if (triggered.some((t) => t.value)) {
                 const el = document.getElementById('%s');
                 if (el) { el.scrollIntoView({block: 'start'}); }
             }
@@ -288,4 +312,4 @@ def register_callbacks(app, context: Context) -> None:
         }
         """ % Ids.TIMELINE,
         Output(Ids.TIMELINE, "title"), *[Input(t, "active_cell") for t in OUTLIER_TABLES],
-        prevent_initial_call=True)
+        Input(SHOW_WINDOW_BUTTONS, "n_clicks"), prevent_initial_call=True)

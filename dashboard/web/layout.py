@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dash import dash_table, dcc, html
 
-from . import figures
+from . import figures, views
 from .views import duration_text
 
 
@@ -26,6 +26,15 @@ class Ids:
     ERROR = "error-message"  # stable
 
     SUMMARY = "summary"
+    # Inside the summary once a trial is shown:
+    VERDICT = "verdict"
+    VERDICT_CLASS = "verdict-class"  # stable: highly | moderately | not | none
+    VERDICT_PERCENT = "verdict-percent"  # stable: e.g. "74.8", "-" without a verdict
+    VERDICT_NODES = "verdict-nodes"
+    RECOMMENDATIONS = "recommendations"  # stable: each finding a .recommendation[data-id=<its id>]
+    NOT_RECORDED = "not-recorded"
+    # A finding's "show" button: {"type": SHOW_WINDOW, "index": "<finding>:<n>", "start_us", "end_us"}
+    SHOW_WINDOW = "show-window"
 
     INIT_COUNT = "init-count"  # stable
     INIT_MEDIAN = "init-median-us"
@@ -34,6 +43,7 @@ class Ids:
     INIT_GRAPH = "init-graph"
     INIT_OUTLIER_COUNT = "init-outlier-count"
     INIT_OUTLIERS = "init-outliers"
+    INIT_NOTE = "init-not-recorded"
 
     WORKERS_COUNT = "workers-count"  # stable
     WORKERS_MEDIAN = "workers-median-us"
@@ -41,6 +51,7 @@ class Ids:
     WORKERS_GRAPH = "workers-graph"
     WORKERS_OUTLIER_COUNT = "workers-outlier-count"
     WORKERS_OUTLIERS = "workers-outliers"
+    WORKERS_NOTE = "workers-not-recorded"
 
     GETNEXT_COUNT = "getnext-count"  # stable
     GETNEXT_MEDIAN = "getnext-median-us"  # stable
@@ -126,9 +137,10 @@ def _outliers_block(table_id: str, count_id: str, title: str) -> html.Div:
         outlier_table(table_id)])
 
 
-def _panel(title: str, description: str, children: list) -> html.Section:
+def _panel(title: str, description: str, children: list, note_id: str | None = None) -> html.Section:
+    note = [html.P(id=note_id, className="not-recorded-note")] if note_id else []
     return html.Section(className="panel", children=[html.H2(title), html.P(description, className="hint"),
-                                                      *children])
+                                                      *note, *children])
 
 
 def build_layout(default_trial: str) -> html.Div:
@@ -158,13 +170,15 @@ def build_layout(default_trial: str) -> html.Div:
                                               _stat("max", Ids.INIT_MAX, "us")]),
         dash_table.DataTable(id=Ids.INIT_ITERATORS, columns=ITERATOR_COLUMNS, data=[], **_TABLE_STYLE),
         _graph(Ids.INIT_GRAPH),
-        _outliers_block(Ids.INIT_OUTLIERS, Ids.INIT_OUTLIER_COUNT, "Initialization outliers")])
+        _outliers_block(Ids.INIT_OUTLIERS, Ids.INIT_OUTLIER_COUNT, "Initialization outliers")],
+        note_id=Ids.INIT_NOTE)
     workers_panel = _panel("Workers", "DataLoader worker processes and how long each lived.", [
         html.Div(className="stats", children=[_stat("worker processes", Ids.WORKERS_COUNT),
                                               _stat("median lifetime", Ids.WORKERS_MEDIAN, "us"),
                                               _stat("max lifetime", Ids.WORKERS_MAX, "us")]),
         _graph(Ids.WORKERS_GRAPH),
-        _outliers_block(Ids.WORKERS_OUTLIERS, Ids.WORKERS_OUTLIER_COUNT, "Worker outliers")])
+        _outliers_block(Ids.WORKERS_OUTLIERS, Ids.WORKERS_OUTLIER_COUNT, "Worker outliers")],
+        note_id=Ids.WORKERS_NOTE)
     getnext_panel = _panel("GetNext", "Time the training loop waited for each batch.", [
         html.Div(className="stats", children=[_stat("GetNext calls", Ids.GETNEXT_COUNT),
                                               _stat("median", Ids.GETNEXT_MEDIAN, "us"),
@@ -218,8 +232,9 @@ def build_layout(default_trial: str) -> html.Div:
     ])
 
 
-def summary_component(data: dict) -> html.Div:
-    """The summary panel's body from views.summary()."""
+def summary_component(data: dict, verdict: dict | None = None) -> html.Div:
+    """The summary panel's body: the verdict and the findings first (views.verdict_summary()),
+    then what was read (views.summary())."""
     skipped = data["files_skipped"]
     with_lines = data["files_with_skipped_lines"]
     items = [("Trial", data["path"]), ("Start", data["start"]), ("End", data["end"]),
@@ -229,11 +244,76 @@ def summary_component(data: dict) -> html.Div:
                              f"{data['system_samples']:,} system samples"),
              ("Files", f"{data['files_read']:,} read, {len(skipped):,} skipped"),
              ("Lines skipped", f"{data['lines_skipped']:,}")]
-    children = [html.Dl(className="summary-list", children=[
+    facts = [html.H3("Trial", className="summary-heading"), html.Dl(className="summary-list", children=[
         part for label, value in items for part in (html.Dt(label), html.Dd(value))])]
     if skipped or with_lines:
-        children.append(html.Details(className="skipped", children=[
+        facts.append(html.Details(className="skipped", children=[
             html.Summary(f"Why: {len(skipped)} file(s) skipped, {len(with_lines)} file(s) with skipped lines"),
             html.Ul([html.Li([html.Code(s["path"]), ": ", s["reason"]]) for s in (skipped + with_lines)[:200]]),
         ]))
-    return html.Div(children)
+    children = verdict_component(verdict) if verdict is not None else []
+    return html.Div(children + [html.Div(className="summary-facts", children=facts)])
+
+
+def _code_text(text: str) -> list:
+    """Text with `code` spans (as the findings write DataLoader arguments) as <code>."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: plain text
+        return [text]
+    return [html.Code(part) if i % 2 else part for i, part in enumerate(parts) if part]
+
+
+def _verdict_badge(cls: str, percent: str) -> html.Div:
+    words = views.CLASS_WORDS[cls]
+    rest = words[len(cls):] if words.startswith(cls) else f": {words}"
+    if cls == "none":
+        figure = html.Span(["no verdict (", html.Span(percent, id=Ids.VERDICT_PERCENT), ")"],
+                           className="verdict-figure")
+    else:
+        figure = html.Span([html.Span(percent, id=Ids.VERDICT_PERCENT, className="verdict-number"),
+                            " % of training time waits for data (GetNext)"], className="verdict-figure")
+    return html.Div(className="verdict-line", children=[
+        html.Span([html.Span(cls, id=Ids.VERDICT_CLASS), rest], className=f"verdict-badge verdict-{cls}"),
+        figure])
+
+
+def _finding(number: int, item: dict) -> html.Li:
+    head = [html.Span(f"{number}.", className="finding-number"), html.Code(item["id"], className="finding-id")]
+    if item["saving"]:
+        head.append(html.Span(item["saving"], className="saving"))
+    children = [html.Div(head, className="finding-head"), html.P(_code_text(item["text"]), className="finding-text")]
+    windows = item["windows"]
+    if windows:
+        children.append(html.Div(className="finding-windows", children=[
+            html.Span("On the timeline:", className="hint")] + [
+            html.Span(className="evidence-window", title=f"{w['label']} at {w['at']}", children=[
+                html.Button("show", n_clicks=0, className="show-window",
+                            id={"type": Ids.SHOW_WINDOW, "index": f"{item['id']}:{n}",
+                                "start_us": w["start_us"], "end_us": w["end_us"]}),
+                html.Span(w["label"], className="evidence-label")])
+            for n, w in enumerate(windows)]))
+    return html.Li(className="recommendation", children=children, **{"data-id": item["id"]})
+
+
+def verdict_component(verdict: dict) -> list:
+    """The verdict badge, the per-node verdicts and the findings, in that order."""
+    title = "Verdict" + (f" for {verdict['node']}" if verdict["node"] else "")
+    children = [html.H3(title, className="summary-heading"),
+                _verdict_badge(verdict["class"], verdict["percent"]),
+                html.P(verdict["basis"], className="hint verdict-basis")]
+    if verdict["nodes"]:
+        children.append(html.Table(id=Ids.VERDICT_NODES, className="verdict-nodes", children=[
+            html.Thead(html.Tr([html.Th("node"), html.Th("input-bound %"), html.Th("verdict")])),
+            html.Tbody([html.Tr([html.Td(row["node"]), html.Td(row["percent"], className="number"),
+                                 html.Td(views.CLASS_WORDS[row["class"]], className=f"verdict-{row['class']}")],
+                                title=row["basis"], **{"data-node": row["node"]})
+                        for row in verdict["nodes"]])]))
+    if verdict["not_recorded"]:
+        children.append(html.P(verdict["not_recorded"], id=Ids.NOT_RECORDED, className="not-recorded-note"))
+    findings = verdict["findings"]
+    children.append(html.H3(["Findings ", html.Span(str(len(findings)), className="badge count")],
+                            className="summary-heading"))
+    children.append(html.Div(id=Ids.RECOMMENDATIONS, className="recommendations", children=(
+        html.Ol([_finding(n, item) for n, item in enumerate(findings, 1)], className="findings")
+        if findings else html.P("No findings: nothing to change in the input pipeline.", className="no-findings"))))
+    return [html.Div(id=Ids.VERDICT, className="verdict", children=children)]

@@ -20,6 +20,7 @@ import diskcache
 from .cache import JOBS_FOLDER, TrialCache, default_cache_dir
 from .callbacks import Context, register_callbacks
 from .layout import build_layout
+from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_TRIAL_MB, MB
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_TRIAL = os.path.join(REPO_ROOT, "examples", "sample-trial", "trial")
@@ -39,6 +40,16 @@ class ServerOptions:
     data_roots: list[str] = field(default_factory=list)
     s3_buckets: list[str] | None = None
     dev_debug: bool = False
+    max_trial_mb: int = DEFAULT_MAX_TRIAL_MB  # 0: no limit
+    max_events: int = DEFAULT_MAX_EVENTS  # 0: no limit
+
+    @property
+    def max_bytes(self) -> int | None:
+        return self.max_trial_mb * MB if self.max_trial_mb else None
+
+    @property
+    def max_events_limit(self) -> int | None:
+        return self.max_events or None
 
     @property
     def default_trial(self) -> str:
@@ -57,24 +68,40 @@ class ServerOptions:
 def options_from_args(args) -> ServerOptions:
     return ServerOptions(trial=args.trial, host=args.host, port=args.port, cache_dir=args.cache_dir,
                          cache_size_mb=args.cache_size_mb, data_roots=list(args.data_root or []),
-                         s3_buckets=args.s3_bucket, dev_debug=bool(args.dev_debug))
+                         s3_buckets=args.s3_bucket, dev_debug=bool(args.dev_debug),
+                         max_trial_mb=args.max_trial_mb, max_events=args.max_events)
 
 
 def _split(value: str | None, sep: str) -> list[str]:
     return [part.strip() for part in (value or "").split(sep) if part.strip()]
 
 
+def _limit(environ, name: str, default: int) -> int:
+    text = (environ.get(name) or "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number (0: no limit), not {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be 0 (no limit) or more, not {value}")
+    return value
+
+
 def options_from_environment(environ=None) -> ServerOptions:
     """DASHBOARD_TRIAL, DASHBOARD_CACHE_DIR, DASHBOARD_CACHE_SIZE_MB, DASHBOARD_DATA_ROOTS
-    (os.pathsep-separated), DASHBOARD_S3_BUCKETS (comma-separated). The debugger is never
-    turned on from the environment."""
+    (os.pathsep-separated), DASHBOARD_S3_BUCKETS (comma-separated), DASHBOARD_MAX_TRIAL_MB,
+    DASHBOARD_MAX_EVENTS (0: no limit). The debugger is never turned on from the environment."""
     environ = os.environ if environ is None else environ
     buckets = _split(environ.get("DASHBOARD_S3_BUCKETS"), ",")
     return ServerOptions(trial=environ.get("DASHBOARD_TRIAL") or None,
                          cache_dir=environ.get("DASHBOARD_CACHE_DIR") or None,
                          cache_size_mb=int(environ.get("DASHBOARD_CACHE_SIZE_MB") or 2048),
                          data_roots=_split(environ.get("DASHBOARD_DATA_ROOTS"), os.pathsep),
-                         s3_buckets=buckets or None)
+                         s3_buckets=buckets or None,
+                         max_trial_mb=_limit(environ, "DASHBOARD_MAX_TRIAL_MB", DEFAULT_MAX_TRIAL_MB),
+                         max_events=_limit(environ, "DASHBOARD_MAX_EVENTS", DEFAULT_MAX_EVENTS))
 
 
 def create_app(options: ServerOptions) -> dash.Dash:
@@ -86,7 +113,8 @@ def create_app(options: ServerOptions) -> dash.Dash:
                     suppress_callback_exceptions=False)
     app.layout = build_layout(options.default_trial)
     register_callbacks(app, Context(cache=trials, default_trial=options.default_trial,
-                                    roots=options.allowed_roots(), s3_buckets=options.s3_buckets))
+                                    roots=options.allowed_roots(), s3_buckets=options.s3_buckets,
+                                    max_bytes=options.max_bytes, max_events=options.max_events_limit))
     return app
 
 

@@ -16,8 +16,10 @@ import pandas as pd
 
 from ..analysis import dataloader
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
+from ..analysis.verdict import Assessment, Recommendation
 from ..api import TrialAnalysis
-from ..report import iso_utc
+from ..report import NOT_RECORDED_WORDS, iso_utc, not_recorded_anywhere
+from ..trial.errors import TrialError, TrialTooLargeError
 from ..trial.load import Trial, host_of
 from . import figures
 
@@ -38,14 +40,21 @@ class TrialView:
     overview: figures.OverviewSeries
     key: str = ""
     sample_gap_us: int = 0  # the usual time between two system samples
+    precomputed_assessment: Assessment | None = None  # from the trial cache, when it has one
 
     @property
     def span(self) -> tuple[int, int]:
         return self.overview.start_us, self.overview.end_us
 
+    @property
+    def assessment(self) -> Assessment:
+        """The verdict and recommendations of this trial (or node)."""
+        return self.precomputed_assessment or self.analysis.assessment
+
 
 def trial_view(trial: Trial, node: str | None = None, analysis: DataLoaderAnalysis | None = None,
-               key: str = "", factor: float = DEFAULT_OUTLIER_FACTOR) -> TrialView:
+               key: str = "", factor: float = DEFAULT_OUTLIER_FACTOR,
+               assessment: Assessment | None = None) -> TrialView:
     part = trial.for_node(node)
     analysis = analysis or dataloader.analyze(part.framework, factor)
     start, end = trial.start_us, trial.end_us  # the whole job's span, whatever the node
@@ -53,7 +62,7 @@ def trial_view(trial: Trial, node: str | None = None, analysis: DataLoaderAnalys
         start = end = 0
     return TrialView(part, TrialAnalysis(trial=part, dataloader=analysis, node=node),
                      figures.overview_series(part.system, analysis.getnext.events, start, end), key,
-                     sample_gap_us=_sample_gap_us(part.system))
+                     sample_gap_us=_sample_gap_us(part.system), precomputed_assessment=assessment)
 
 
 def _sample_gap_us(system: pd.DataFrame) -> int:
@@ -184,9 +193,17 @@ def _int_text(value) -> str:
     return "-" if value is None or value is pd.NA else str(int(value))
 
 
-def outlier_rows(frame: pd.DataFrame, value_column: str) -> list[dict]:
-    """DataTable rows for an outliers frame (longest first); raw times ride along for clicks."""
+def _missing(value) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_nodes=()) -> list[dict]:
+    """DataTable rows for an outliers frame (longest first); raw times ride along for clicks.
+
+    unrecorded_nodes: nodes whose profiler does not record worker ids (Kineto traces): their
+    unknown worker id reads "not recorded", not a blank or a number."""
     rows = []
+    unrecorded = set(unrecorded_nodes)
     for i, row in enumerate(frame.head(MAX_TABLE_ROWS).to_dict("records")):
         out = {"id": i, "start_us": int(row["start_us"]), "end_us": int(row["end_us"]),
                "start": iso_utc(int(row["start_us"])), "end": iso_utc(int(row["end_us"]))}
@@ -194,7 +211,9 @@ def outlier_rows(frame: pd.DataFrame, value_column: str) -> list[dict]:
         out[value_column] = (float(value) if value_column == "batch_time_s" else int(value))
         for column in ("worker_id", "pid"):
             if column in row:
-                out[column] = None if row[column] is pd.NA or row[column] is None else int(row[column])
+                out[column] = None if _missing(row[column]) else int(row[column])
+        if "worker_id" in row and out["worker_id"] is None and str(row.get("node")) in unrecorded:
+            out["worker_id"] = NOT_RECORDED
         for column in ("node", "type"):
             if column in row:
                 out[column] = str(row[column])
@@ -254,32 +273,175 @@ def duration_text(seconds: float | None) -> str:
     return f"{hours} h {minutes:02d} min {secs:04.1f} s" if hours else f"{minutes} min {secs:04.1f} s"
 
 
+NOT_RECORDED = "not recorded"
+KINETO_SOURCE = "PyTorch profiler trace"
+
+
+def not_recorded_note(trial: Trial, what: str) -> str:
+    """What a panel says when the trial's profiler did not record `what` (a key of
+    NOT_RECORDED_WORDS) on some node; "" when it was recorded everywhere."""
+    if what not in trial.not_recorded:
+        return ""
+    words = NOT_RECORDED_WORDS.get(what, what)
+    if not_recorded_anywhere(trial):
+        return f"{NOT_RECORDED} ({KINETO_SOURCE}): torch.profiler does not record {words}."
+    nodes = ", ".join(trial.kineto_nodes)
+    return (f"{NOT_RECORDED} on {nodes} ({KINETO_SOURCE}): torch.profiler does not record {words}; "
+            f"the numbers here are those of the other nodes.")
+
+
+def _unrecorded_stats(note: str) -> dict:
+    """A panel's numbers when nothing of it was recorded: unknown, never zero."""
+    return {"count": NOT_RECORDED, "median_us": "-", "max_us": "-", "outlier_count": "-", "outliers": [],
+            "figure": figures.empty_figure_spec(f"{NOT_RECORDED} ({KINETO_SOURCE})"), "note": note}
+
+
 def panels(view: TrialView) -> dict:
     """Numbers, figures and table rows of the four panels."""
     result = view.analysis
     init, workers, getnext, batch = result.initialization, result.workers, result.getnext, result.batchtime
     factor = result.dataloader.outlier_factor
+    trial = view.trial
+    unknown = not_recorded_anywhere(trial)
+    no_ids = trial.kineto_nodes if "worker_id" in trial.not_recorded else ()
+    init_note, workers_note = not_recorded_note(trial, "initialization"), not_recorded_note(trial, "workers")
+    if unknown and "initialization" in trial.not_recorded:
+        init_panel = {**_unrecorded_stats(init_note), "iterators": iterator_rows(init.iterators)}
+    else:
+        init_panel = {"count": str(init.count), "median_us": plain_number(init.median_us, 1),
+                      "max_us": plain_number(init.max_us, 1), "outlier_count": str(len(init.outliers)),
+                      "iterators": iterator_rows(init.iterators),
+                      "outliers": outlier_rows(init.outliers, "duration_us"),
+                      "figure": figures.initialization_figure(init), "note": init_note}
+    if unknown and "workers" in trial.not_recorded:
+        workers_panel = _unrecorded_stats(workers_note)
+    else:
+        workers_panel = {"count": str(workers.count), "median_us": plain_number(workers.median_us, 1),
+                         "max_us": plain_number(workers.max_us, 1), "outlier_count": str(len(workers.outliers)),
+                         "outliers": outlier_rows(workers.outliers, "duration_us", no_ids),
+                         "figure": figures.workers_figure(workers), "note": workers_note}
     return {
-        "init": {"count": str(init.count), "median_us": plain_number(init.median_us, 1),
-                 "max_us": plain_number(init.max_us, 1), "outlier_count": len(init.outliers),
-                 "iterators": iterator_rows(init.iterators),
-                 "outliers": outlier_rows(init.outliers, "duration_us"),
-                 "figure": figures.initialization_figure(init)},
-        "workers": {"count": str(workers.count), "median_us": plain_number(workers.median_us, 1),
-                    "max_us": plain_number(workers.max_us, 1), "outlier_count": len(workers.outliers),
-                    "outliers": outlier_rows(workers.outliers, "duration_us"),
-                    "figure": figures.workers_figure(workers)},
+        "init": init_panel,
+        "workers": workers_panel,
         "getnext": {"count": str(getnext.count), "median_us": plain_number(getnext.median_us, 1),
-                    "max_us": plain_number(getnext.max_us, 1), "outlier_count": len(getnext.outliers),
-                    "outliers": outlier_rows(getnext.outliers, "duration_us"),
+                    "max_us": plain_number(getnext.max_us, 1), "outlier_count": str(len(getnext.outliers)),
+                    "outliers": outlier_rows(getnext.outliers, "duration_us", no_ids),
                     "histogram": figures.getnext_histogram(getnext, factor),
                     "timeline": figures.getnext_timeline(getnext, factor)},
         "batchtime": {"count": str(batch.count), "median_s": plain_number(batch.median_s, 7),
-                      "outlier_count": len(batch.outliers),
-                      "outliers": outlier_rows(batch.outliers, "batch_time_s"),
+                      "outlier_count": str(len(batch.outliers)),
+                      "outliers": outlier_rows(batch.outliers, "batch_time_s", no_ids),
                       "figure": figures.batchtime_figure(batch)},
         "outlier_factor": factor,
     }
+
+
+# --- the verdict and the findings -------------------------------------------------------------
+
+CLASS_WORDS = {"highly": "highly input-bound", "moderately": "moderately input-bound",
+               "not": "not input-bound", "none": "no GetNext"}
+# Evidence lists whose entries are moments of the job, and how one entry is named.
+_EVIDENCE_NAMES = {"batches": "batch", "first_batches": "first batch", "starts": "start", "windows": "stall"}
+
+
+def saving_text(saving_s: float | None) -> str:
+    return "" if saving_s is None else f"saves about {saving_s:.2f} s"
+
+
+def _duration_text(us: int) -> str:
+    return f"{us / 1e6:.2f} s" if us >= 1_000_000 else f"{us / 1e3:.1f} ms"
+
+
+def _evidence_span(entry: dict, node, getnext: pd.DataFrame) -> tuple[int, int] | None:
+    """The span of the job an evidence entry names: start_us with end_us or duration_s; a
+    worker start (start_us, init_s, first_batch_s) runs from its initialization to the end of
+    the first batch after it on its node."""
+    start = entry.get("start_us")
+    if not isinstance(start, (int, np.integer)):
+        return None
+    start = int(start)
+    if isinstance(entry.get("end_us"), (int, np.integer)):
+        return start, int(entry["end_us"])
+    if isinstance(entry.get("duration_s"), (int, float)):
+        return start, start + int(round(entry["duration_s"] * 1e6))
+    init_s, first_s = entry.get("init_s"), entry.get("first_batch_s")
+    if isinstance(init_s, (int, float)):
+        init_end = start + int(round(init_s * 1e6))
+        if isinstance(first_s, (int, float)) and len(getnext):
+            mine = getnext[(getnext["node"].astype(str) == str(node)) & (getnext["start_us"] >= init_end)]
+            if len(mine):
+                first = mine.loc[mine["start_us"].idxmin()]
+                if abs(int(first["duration_us"]) - first_s * 1e6) <= 1:  # the batch the finding names
+                    return start, int(first["end_us"])
+        return start, init_end
+    return None
+
+
+def finding_windows(item: Recommendation, getnext: pd.DataFrame) -> list[dict]:
+    """The moments a finding's evidence names (batches, stalls, worker starts), each as a
+    window of the timeline with the margin an outlier click gets."""
+    out = []
+    node = item.evidence.get("node")
+    for key, entries in item.evidence.items():
+        if not isinstance(entries, list):
+            continue
+        name = _EVIDENCE_NAMES.get(key, key.rstrip("s"))
+        for number, entry in enumerate(entries, 1):
+            if not isinstance(entry, dict):
+                continue
+            span = _evidence_span(entry, node, getnext)
+            if span is None or span[1] < span[0]:
+                continue
+            if key == "batches" and "batch" in entry:
+                label = f"batch {entry['batch']}" + (f" of iterator {entry['iterator']}" if "iterator" in entry
+                                                     else "")
+            else:
+                label = f"{name} {number}"
+            lo, hi = outlier_window(*span)
+            out.append({"label": f"{label} · {_duration_text(span[1] - span[0])}", "start_us": lo,
+                        "end_us": hi, "at": iso_utc(span[0])})
+    return out
+
+
+def not_recorded_text(trial: Trial) -> str:
+    """The summary's line on what the trial's profiler did not record ("" when nothing)."""
+    if not trial.not_recorded:
+        return ""
+    where = "" if not_recorded_anywhere(trial) else f" on {', '.join(trial.kineto_nodes)}"
+    return (f"Not recorded{where} ({KINETO_SOURCE}): "
+            + ", ".join(NOT_RECORDED_WORDS.get(k, k) for k in trial.not_recorded)
+            + f"; shown as \"{NOT_RECORDED}\", never as zero.")
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def verdict_summary(view: TrialView) -> dict:
+    """The summary's first part: is the job input-bound, per node, and what to change."""
+    assessment = view.assessment
+    verdict = assessment.verdict
+    getnext = view.analysis.getnext.events
+    nodes = assessment.nodes_verdict
+    return {
+        "class": verdict.class_ or "none",
+        "percent": _percent(verdict.input_percent),
+        "basis": verdict.basis,
+        "node": view.analysis.node or "",
+        "nodes": [{"node": node, "class": v.class_ or "none", "percent": _percent(v.input_percent),
+                   "basis": v.basis} for node, v in nodes.items()] if len(nodes) > 1 else [],
+        "findings": [{"id": item.id, "text": item.text, "saving": saving_text(item.saving_s),
+                      "windows": finding_windows(item, getnext)} for item in assessment.recommendations],
+        "not_recorded": not_recorded_text(view.trial),
+    }
+
+
+def load_error_text(exc: TrialError) -> str:
+    """What the page says when a trial cannot be loaded."""
+    if isinstance(exc, TrialTooLargeError):
+        return (f"{exc}. This server refuses larger trials: its limits are --max-trial-mb and --max-events "
+                f"(DASHBOARD_MAX_TRIAL_MB, DASHBOARD_MAX_EVENTS).")
+    return str(exc)
 
 
 def now_iso() -> str:
