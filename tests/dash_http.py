@@ -63,9 +63,17 @@ class Callback:
                    dep.get("background"), bool(dep.get("clientside_function")))
 
     def body(self, values: dict[str, Any], triggered: list[str]) -> dict:
-        """The renderer's request body; `values` by 'id.prop' (missing ones are null)."""
+        """The renderer's request body; `values` by 'id.prop' (missing ones are null). A
+        wildcard (pattern-matching) dependency, whose id is a JSON object, gets the list of the
+        components it matches: `values` gives it as [{"id": {...}, "property": p, "value": v}],
+        none ([]) when not given."""
+        def one(component, prop):
+            if component.startswith("{"):
+                return values.get(f"{component}.{prop}", [])
+            return {"id": component, "property": prop, "value": values.get(f"{component}.{prop}")}
+
         def fill(pairs):
-            return [{"id": c, "property": p, "value": values.get(f"{c}.{p}")} for c, p in pairs]
+            return [one(c, p) for c, p in pairs]
 
         outputs = [{"id": c, "property": p} for c, p in self.outputs]
         return {"output": self.output, "outputs": outputs if self.multi else outputs[0],  # as the renderer

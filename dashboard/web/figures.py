@@ -481,7 +481,7 @@ def overview_figure(series: OverviewSeries, window: tuple[int, int] | None = Non
 
 def _worker_label(value) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return "worker ?"
+        return "worker not recorded"  # Kineto traces do not record which worker made a batch
     return "main process" if int(value) < 0 else f"worker {int(value)}"
 
 

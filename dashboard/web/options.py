@@ -4,8 +4,7 @@ from __future__ import annotations
 import argparse
 
 # Trials over these limits are refused with a message instead of filling the server's
-# memory: a loaded trial takes roughly its decompressed size again in frames, and every
-# server process (gunicorn worker) that shows it holds its own copy.
+# memory: every server process (gunicorn worker) that shows a trial holds its frames.
 DEFAULT_MAX_TRIAL_MB = 2048
 DEFAULT_MAX_EVENTS = 50_000_000
 MB = 1_000_000  # decimal megabytes, as the load errors print sizes
@@ -36,9 +35,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-trial-mb", type=limit, default=DEFAULT_MAX_TRIAL_MB, metavar="MB",
                         help=f"refuse to load a trial whose files hold more than this many MB (10^6 bytes), "
                              f"as listed or once decompressed (default {DEFAULT_MAX_TRIAL_MB}; 0: no limit; "
-                             f"env DASHBOARD_MAX_TRIAL_MB)")
+                             f"under gunicorn: DASHBOARD_MAX_TRIAL_MB)")
     parser.add_argument("--max-events", type=limit, default=DEFAULT_MAX_EVENTS, metavar="N",
                         help=f"refuse to load a trial with more framework events and system samples "
-                             f"than this (default {DEFAULT_MAX_EVENTS:,}; 0: no limit; env DASHBOARD_MAX_EVENTS)")
+                             f"than this (default {DEFAULT_MAX_EVENTS:,}; 0: no limit; under gunicorn: "
+                             f"DASHBOARD_MAX_EVENTS)")
     parser.add_argument("--dev-debug", action="store_true",
                         help="developers only: turn on Dash's debugger (runs code for any visitor)")
