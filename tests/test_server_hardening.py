@@ -95,17 +95,20 @@ class AppServer:
             return handle.read()
 
     def stop(self) -> None:
+        """Stops the server and every process it started (background loads are forked; the
+        reloader of --dev-debug is a child): its session's process group, which is its own."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        # Background loads run in processes of their own (forked); end any that outlived it.
-        for child in psutil.process_iter(["pid", "ppid"]):
-            if child.info["ppid"] == self.process.pid:
-                child.kill()
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.process.poll() is None:
+            self.process.wait(timeout=10)
 
 
 def start_servers(tmp_path, count: int, *args: str, env: dict | None = None) -> list[AppServer]:
@@ -148,9 +151,9 @@ def show(page: DashSession, store: dict) -> dict:
 
 
 def loaded_store(result: Result) -> dict:
-    store = result.values.get("trial-store.data")
-    assert store and store.get("key"), f"no trial loaded; error-message: {result.values.get('error-message.children')!r}"
-    assert not result.values.get("error-message.children")
+    store, message = result.values.get("trial-store.data"), result.values.get("error-message.children")
+    assert store and store.get("key"), f"no trial loaded; error-message: {message!r}"
+    assert not message
     return store
 
 
@@ -277,3 +280,544 @@ def test_a_load_starting_while_another_request_holds_the_job_store_completes(tmp
     finally:
         first.stop()
         second.stop()
+
+
+# --- an S3 server that can stop in the middle of a load ---------------------------------------------
+
+FAKE_KEY_ID = "AKIAFAKEHARDENING042"
+FAKE_SECRET = "fAkeSecret/ServerHardening+0123456789abcdefgh"
+FAKE_TOKEN = "FakeSessionToken//ServerHardening0123456789"
+BUCKET, PREFIX = "hardening", "job-1/profiler-output"
+SIGNATURE_BUCKET = "signature-mismatch"  # every request there is refused as S3 refuses a bad signature
+S3_TRIAL = f"s3://{BUCKET}/{PREFIX}"
+
+
+class S3Server:
+    """moto's S3 API server on loopback, in this process. `arm(n)`: the n-th object GET (and
+    every later one) is held until `die()`, which stops the server and drops every connection
+    it holds (as a crashed server would); `start()` again serves on the same port, with the
+    objects kept (moto keeps its state in this process)."""
+
+    def __init__(self):
+        self.port = 0
+        self.server = None
+        self.endpoint = ""
+        self.armed_at: int | None = None
+        self.gets = 0
+        self.held = threading.Event()
+        self.dead = threading.Event()
+        self.lock = threading.Lock()
+
+    def start(self) -> "S3Server":
+        from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
+
+        outer = self
+
+        class Server(ThreadedMotoServer):
+            def _server_entry(self):  # moto's, with the fault-injecting middleware around its app
+                from moto.server import MotoRequestHandler
+                from werkzeug.serving import make_server
+
+                self._server = make_server(self._ip_address, self._port,
+                                           outer._middleware(DomainDispatcherApplication(create_backend_app)),
+                                           True, request_handler=MotoRequestHandler)
+                self._server_ready_event.set()
+                self._server.serve_forever()
+
+        self.armed_at, self.gets = None, 0
+        self.held.clear()
+        self.dead.clear()
+        self.server = Server(ip_address=HOST, port=self.port, verbose=False)
+        self.server.start()
+        host, self.port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{self.port}"
+        return self
+
+    def _middleware(self, app):
+        def serve(environ, start_response):
+            if self.dead.is_set():
+                self._drop(environ)
+            if environ.get("PATH_INFO", "").startswith(f"/{SIGNATURE_BUCKET}"):
+                return self._signature_mismatch(environ, start_response)
+            if (self.armed_at is not None and environ["REQUEST_METHOD"] == "GET"
+                    and environ.get("PATH_INFO", "").startswith(f"/{BUCKET}/{PREFIX}/")):
+                with self.lock:
+                    self.gets += 1
+                    hold = self.gets >= self.armed_at
+                if hold:
+                    self.held.set()
+                    self.dead.wait(60)
+                    self._drop(environ)
+            return app(environ, start_response)
+
+        return serve
+
+    @staticmethod
+    def _signature_mismatch(environ, start_response):
+        """AWS's answer to a request it cannot verify: it echoes the access key id, the
+        signature and the canonical request (with the session token header)."""
+        authorization = environ.get("HTTP_AUTHORIZATION", "")
+        key_id = re.search(r"Credential=([^/]+)/", authorization)
+        signature = re.search(r"Signature=(\w+)", authorization)
+        body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code>"
+                "<Message>The request signature we calculated does not match the signature you provided. "
+                "Check your key and signing method.</Message>"
+                f"<AWSAccessKeyId>{key_id.group(1) if key_id else ''}</AWSAccessKeyId>"
+                f"<SignatureProvided>{signature.group(1) if signature else ''}</SignatureProvided>"
+                f"<CanonicalRequest>GET /\nx-amz-security-token:{environ.get('HTTP_X_AMZ_SECURITY_TOKEN', '')}"
+                f"</CanonicalRequest><RequestId>0</RequestId></Error>").encode()
+        start_response("403 Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    @staticmethod
+    def _drop(environ):
+        sock = environ.get("werkzeug.socket")
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        raise ConnectionAbortedError("the S3 server died")  # werkzeug: a dropped connection, quietly
+
+    def arm(self, at_get: int) -> None:
+        with self.lock:
+            self.armed_at, self.gets = at_get, 0
+
+    def die(self) -> None:
+        self.server.stop()  # new connections are refused from here on
+        self.dead.set()  # and every held or kept-alive one is dropped
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    def create_bucket(self) -> None:
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=BUCKET)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+
+    def upload(self, folder: str, prefix: str = PREFIX) -> int:
+        self.create_bucket()
+        client = self.client()
+        paths = [os.path.join(d, n) for d, _, names in os.walk(folder) for n in names]
+
+        def put(path):
+            client.upload_file(path, BUCKET, prefix + "/" + os.path.relpath(path, folder).replace(os.sep, "/"))
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(put, paths))
+        return len(paths)
+
+    def count(self, prefix: str = PREFIX) -> int:
+        client = self.client()
+        try:
+            pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+            return sum(len(page.get("Contents", [])) for page in pages)
+        except client.exceptions.NoSuchBucket:
+            return 0
+
+    def stop(self) -> None:
+        if not self.dead.is_set():
+            self.die()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def served(s3, tmp_path_factory):
+    """One server for the S3, broken-input and credential tests: S3 through the module's own
+    moto server, with fake credentials in its environment; local trials under `data`."""
+    tmp = tmp_path_factory.mktemp("served")
+    data, cache = tmp / "data", tmp / "cache"
+    data.mkdir()
+    env = server_env(tmp, AWS_ENDPOINT_URL_S3=s3.endpoint, AWS_ACCESS_KEY_ID=FAKE_KEY_ID,
+                     AWS_SECRET_ACCESS_KEY=FAKE_SECRET, AWS_SESSION_TOKEN=FAKE_TOKEN,
+                     AWS_DEFAULT_REGION="us-east-1")
+    server = AppServer(str(tmp / "server.log"), "serve", "--cache-dir", str(cache), "--data-root", str(data),
+                       env=env).wait_ready()
+    server.data, server.cache = data, cache
+    yield server
+    server.stop()
+
+
+def new_cache_entries(cache, before: set) -> set:
+    with diskcache.Cache(os.path.join(str(cache), "trials")) as disk:
+        return set(disk) - before
+
+
+def cache_keys(cache) -> set:
+    with diskcache.Cache(os.path.join(str(cache), "trials")) as disk:
+        return set(disk)
+
+
+def test_s3_stops_mid_load_the_page_says_so_nothing_is_cached_and_a_retry_reads_everything(s3, served, tmp_path):
+    written = write_trial(str(tmp_path / "trial"), epochs=10, train_batches=10, val_batches=0, rotate_s=0.0001)
+    files = len(written.framework_files) + len(written.system_files)
+    assert files >= 200
+    assert s3.upload(str(tmp_path / "trial")) == files
+    before = cache_keys(served.cache)
+    page = served.page()
+    progress = []
+
+    s3.arm(at_get=20)  # the 20th object read, and every one after it, hangs ...
+    killer = threading.Thread(target=lambda: (s3.held.wait(60), s3.die()))  # ... until the server dies
+    killer.start()
+    started = time.monotonic()
+    failed = load(page, S3_TRIAL, timeout_s=60, on_progress=progress.append)
+    killer.join(60)
+    assert s3.held.is_set(), "the load never reached the 20th file"
+    message = failed.values.get("error-message.children")
+    assert "trial-store.data" not in failed.values, "a failed load must not replace the page's trial"
+    assert message and message.startswith(f"{S3_TRIAL}: cannot reach S3"), message
+    assert not TRACEBACK.search(failed.text) and "\n" not in message
+    took = time.monotonic() - started
+    print(f"the page said, {took:.1f} s after the load started: {message}")
+    assert took < 30, "the error took too long to reach the page"
+    assert any(re.match(r"Read \d+ of %d files" % files, p.get("load-status.children") or "") for p in progress), \
+        progress
+    # Nothing of that load was cached, whole or partial.
+    assert new_cache_entries(served.cache, before) == set()
+    assert S3_TRIAL not in cached_trials(served.cache)
+
+    # The S3 server comes back on the same port: the same load now reads everything.
+    s3.start()
+    if s3.count() != files:
+        s3.upload(str(tmp_path / "trial"))  # a moto that forgot its objects
+    retried = load(served.page(), S3_TRIAL, timeout_s=60)
+    store = loaded_store(retried)
+    assert store["from_cache"] is False
+    panels = show(page, store)
+    assert shown_counts(panels) == counts(written)
+    assert f"{files:,} read, 0 skipped" in " ".join(text_of(panels["summary.children"]).split())
+    (_, cached), = cached_trials(served.cache)[S3_TRIAL]
+    assert event_tuples(cached.framework) == written_tuples(written)
+    assert len(cached.system) == written.system_samples
+    assert served.alive()
+
+
+# --- broken trials and garbage payloads -------------------------------------------------------------
+
+from tests.test_bad_input import CASES, Trial as BrokenTrial  # noqa: E402 - the corpus, reused
+
+
+def summary_text(panels: dict) -> str:
+    return " ".join(text_of(panels["summary.children"]).split())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_every_broken_trial_loads_with_its_skip_report(served, case):
+    folder = served.data / f"broken-{case.__name__}"
+    t = BrokenTrial(str(folder))
+    intact = [(e.node, e.name, e.start_us, e.end_us) for e in t.synthetic.events]
+    broken = case(t)
+    events = list(intact)
+    for event in broken.lost:
+        events.remove(event)
+    events += broken.added
+    getnext = sum(name.endswith("::GetNext") for _, name, _, _ in events)
+    files_read = len(t.synthetic.framework_files) + len(t.synthetic.system_files) + broken.read_delta
+    lines_skipped = sum(count for count, _ in broken.lines.values())
+
+    page = served.page()
+    result = load(page, str(folder))
+    assert result.status == 200 and not TRACEBACK.search(result.text)
+    panels = show(page, loaded_store(result))
+    assert panels["getnext-count.children"] == str(getnext)
+    text = summary_text(panels)
+    assert f"{files_read:,} read, {len(broken.files_skipped):,} skipped" in text, text
+    assert f"Lines skipped {lines_skipped:,}" in text, text
+    # Each skipped file, and each file with skipped lines, is named with its reason.
+    for key, pattern in list(broken.files_skipped.items()) + [(k, p) for k, (_, p) in broken.lines.items()]:
+        assert key in text, (key, text)
+        assert re.search(pattern.lstrip("^").rstrip("$"), text), (pattern, text)
+    assert not TRACEBACK.search(json.dumps(panels))
+    assert served.alive()
+
+
+def test_trials_without_a_single_event_are_a_clear_error(served):
+    empty_files = served.data / "all-files-empty"
+    t = BrokenTrial(str(empty_files))
+    for key in t.synthetic.framework_files + t.synthetic.system_files:
+        t.write(key, "")
+    folders_only = served.data / "folders-only"
+    os.makedirs(folders_only / "framework" / "pevents")
+    os.makedirs(folders_only / "system" / "incremental")
+    page = served.page()
+    for path, pattern in ((empty_files, r"holds no events: 0 file\(s\) read, %d skipped \(empty file\)"
+                           % len(t.synthetic.framework_files + t.synthetic.system_files)),
+                          (folders_only, r"not a trial")):
+        result = load(page, str(path))
+        message = result.values.get("error-message.children") or ""
+        assert "trial-store.data" not in result.values
+        assert message.startswith(str(path)) and re.search(pattern, message), message
+        assert not TRACEBACK.search(result.text)
+    assert served.alive()
+
+
+@pytest.fixture(scope="module")
+def loaded(served):
+    """A page with a small trial loaded: what the garbage payloads are sent next to."""
+    from types import SimpleNamespace
+
+    trial = str(served.data / "garbage-trial")
+    write_trial(trial, epochs=1, slow_batches={(0, 3): 50_000, (0, 9): 70_000})
+    page = served.page()
+    store = loaded_store(load(page, trial))
+    rows = show(page, store)["getnext-outliers.data"]
+    assert rows
+    window = {"key": store["key"], "path": trial, "start_us": store["start_us"], "end_us": store["end_us"]}
+    return SimpleNamespace(page=page, trial=trial, store=store, rows=rows, window=window)
+
+
+def kill_jobs(server) -> None:
+    """Ends the background-load processes a server still runs."""
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        child.kill()
+
+
+# (name, output of the callback, {id.prop: value}, triggered), built from the loaded page `g`.
+GARBAGE = [
+    ("url-search-a-number", "load-request.data", lambda g: {"url.search": 123}, ["url.search"]),
+    ("url-search-a-list", "load-request.data", lambda g: {"url.search": ["?trial=x"]}, ["url.search"]),
+    ("url-search-1mb", "load-request.data", lambda g: {"url.search": "?trial=" + "x" * 1_000_000}, ["url.search"]),
+    ("url-non-numeric-start-end", "load-request.data",
+     lambda g: {"url.search": f"?trial={g.trial}&start=abc&end=1e999&node=%00"}, ["url.search"]),
+    ("url-start-after-end", "load-request.data", lambda g: {"url.search": f"?trial={g.trial}&start=200&end=100"},
+     ["url.search"]),
+    ("typed-path-a-number", "load-request.data", lambda g: {"trial-path.value": 5, "load-trial.n_clicks": 1},
+     ["load-trial.n_clicks"]),
+    ("refresh-with-a-list-for-trial", "load-request.data",
+     lambda g: {"trial-store.data": [1], "refresh-trial.n_clicks": 1}, ["refresh-trial.n_clicks"]),
+    ("panels-trial-a-list", "getnext-count.children", lambda g: {"trial-store.data": [1, 2]}, ["trial-store.data"]),
+    ("panels-unknown-key", "getnext-count.children", lambda g: {"trial-store.data": {"key": 5}}, ["trial-store.data"]),
+    ("panels-node-an-object", "getnext-count.children",
+     lambda g: {"trial-store.data": g.store, "node-select.value": {"a": 1}}, ["node-select.value"]),
+    ("window-trial-a-list", "window-store.data", lambda g: {"trial-store.data": [1]}, ["trial-store.data"]),
+    ("window-trial-start-a-word", "window-store.data", lambda g: {"trial-store.data": dict(g.store, start_us="abc")},
+     ["trial-store.data"]),
+    ("window-current-a-string", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": "zzz", "window-whole-job.n_clicks": 1},
+     ["window-whole-job.n_clicks"]),
+    ("window-current-without-times", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": {"key": g.store["key"]},
+                "window-whole-job.n_clicks": 1}, ["window-whole-job.n_clicks"]),
+    ("drag-relayout-a-string", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": g.window, "overview-graph.relayoutData": "x"},
+     ["overview-graph.relayoutData"]),
+    ("drag-not-dates", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": g.window,
+                "overview-graph.relayoutData": {"xaxis.range[0]": "not a date", "xaxis.range[1]": []}},
+     ["overview-graph.relayoutData"]),
+    ("drag-infinite", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": g.window,
+                "overview-graph.relayoutData": {"xaxis.range": [1e308, -1e308]}}, ["overview-graph.relayoutData"]),
+    ("outlier-cell-a-string", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": g.window, "getnext-outliers.active_cell": "x",
+                "getnext-outliers.data": g.rows}, ["getnext-outliers.active_cell"]),
+    ("outlier-rows-without-times", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": g.window,
+                "getnext-outliers.active_cell": {"row": 0, "row_id": 0},
+                "getnext-outliers.data": [{"id": 0, "start_us": "abc", "end_us": None}]},
+     ["getnext-outliers.active_cell"]),
+    ("outlier-rows-a-string", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": g.window,
+                "getnext-outliers.active_cell": {"row": 0, "row_id": 0}, "getnext-outliers.data": "rows"},
+     ["getnext-outliers.active_cell"]),
+    ("draw-window-a-list", "window-range.children", lambda g: {"window-store.data": [1], "trial-store.data": g.store},
+     ["window-store.data"]),
+    ("draw-start-after-end", "window-range.children",
+     lambda g: {"window-store.data": dict(g.window, start_us=g.window["end_us"], end_us=g.window["start_us"]),
+                "trial-store.data": g.store}, ["window-store.data"]),
+    ("draw-start-a-word", "window-range.children",
+     lambda g: {"window-store.data": dict(g.window, start_us="abc"), "trial-store.data": g.store},
+     ["window-store.data"]),
+    ("draw-invalid-regex", "window-range.children",
+     lambda g: {"window-store.data": g.window, "trial-store.data": g.store, "select-events.value": "(",
+                "select-dimensions.value": ".*"}, ["select-events.value"]),
+    ("draw-regex-a-number", "window-range.children",
+     lambda g: {"window-store.data": g.window, "trial-store.data": g.store, "select-events.value": 123},
+     ["select-events.value"]),
+    ("draw-regex-1mb", "window-range.children",
+     lambda g: {"window-store.data": g.window, "trial-store.data": g.store, "select-events.value": "a" * 1_000_000},
+     ["select-events.value"]),
+    ("draw-invalid-regex-window-without-times", "window-range.children",
+     lambda g: {"window-store.data": {"key": g.store["key"]}, "trial-store.data": g.store,
+                "select-events.value": "("}, ["select-events.value"]),
+    ("draw-node-a-number", "window-range.children",
+     lambda g: {"window-store.data": g.window, "trial-store.data": g.store, "node-select.value": 7},
+     ["node-select.value"]),
+]
+
+
+@pytest.mark.parametrize("name,output,values,triggered", GARBAGE, ids=[g[0] for g in GARBAGE])
+def test_garbage_callback_values_get_a_message_or_a_no_op(served, loaded, name, output, values, triggered):
+    page = loaded.page
+    response = page.post(page.find(output).body(values(loaded), triggered))
+    assert not TRACEBACK.search(response.text)
+    assert response.status_code in (200, 204), f"{name}: HTTP {response.status_code} {response.text[:200]!r}"
+    if response.status_code == 200:
+        answer = response.json()
+        shown = json.dumps(answer.get("response", {}))
+        if name == "draw-invalid-regex":
+            assert "invalid regular expression" in shown
+        if name in ("url-non-numeric-start-end", "url-start-after-end"):
+            assert answer["response"]["load-request"]["data"]["window"] is None
+    assert served.alive()
+
+
+# Background loads of garbage requests: each gets its answer in time (a message, the trial, or
+# a no-op), never a 500 or a load that runs on.
+GARBAGE_LOADS = [
+    ("request-a-list", lambda g: [1]),
+    ("path-a-number", lambda g: {"path": 123}),
+    ("path-with-nul", lambda g: {"path": g.trial + "\0"}),
+    ("path-1mb", lambda g: {"path": "/x" * 500_000}),
+    ("node-a-list", lambda g: {"path": g.trial, "node": [1]}),
+    ("window-a-string", lambda g: {"path": g.trial, "window": "abc"}),
+]
+
+
+@pytest.mark.parametrize("name,request_data", GARBAGE_LOADS, ids=[g[0] for g in GARBAGE_LOADS])
+def test_garbage_load_requests_get_an_answer(served, loaded, name, request_data):
+    page = loaded.page
+    try:
+        result = page.call_background(page.find("trial-store.data"), {"load-request.data": request_data(loaded)},
+                                      ["load-request.data"], poll_s=POLL_S, timeout_s=20)
+    except CallbackFailed as exc:
+        raise AssertionError(f"{name}: {exc}") from None
+    finally:
+        kill_jobs(served)  # a load still running (that is the failure) must not burn the CPU on
+    assert not TRACEBACK.search(result.text)
+    if result.values:  # else a 204 or an empty response: nothing changes on the page
+        message = result.values.get("error-message.children")
+        store = result.values.get("trial-store.data")
+        assert message or (store and store.get("key")), f"{name}: neither a message nor a trial: {result.text[:300]}"
+        assert len(message or "") < 2_000, "a message the page can show"
+    assert served.alive()
+
+
+# Requests the renderer never makes: a 4xx or a bare 500, never a traceback; the server stays up.
+ENVELOPES = [
+    ("no-output", {"json": {"inputs": []}}),
+    ("unknown-output", {"json": {"output": "nope.data", "outputs": {"id": "nope", "property": "data"},
+                                 "inputs": [], "changedPropIds": []}}),
+    ("not-json", {"data": b"{{{", "headers": {"Content-Type": "application/json"}}),
+    ("json-null", {"data": b"null", "headers": {"Content-Type": "application/json"}}),
+    ("a-form", {"data": b"a=b"}),
+    ("inputs-missing", {"json": {"output": "..load-request.data...trial-path.value..",
+                                 "outputs": [{"id": "load-request", "property": "data"}]}}),
+    ("output-5mb", {"json": {"output": "x" * 5_000_000}}),
+]
+
+
+@pytest.mark.parametrize("name,request_kwargs", ENVELOPES, ids=[e[0] for e in ENVELOPES])
+def test_malformed_callback_requests_show_no_traceback(served, loaded, name, request_kwargs):
+    response = requests.post(served.url + "_dash-update-component", params={"endId": loaded.page.end_id},
+                             timeout=30, **request_kwargs)
+    assert response.status_code in (400, 404, 415, 500), response.status_code
+    assert not TRACEBACK.search(response.text) and len(response.text) < 2_000
+    assert served.alive()
+
+
+# --- bind address, debugger, credentials ------------------------------------------------------------
+
+def listening(pid: int) -> list[tuple[str, int]]:
+    """The TCP addresses a process and its children (the debugger's reloader) listen on."""
+    parent = psutil.Process(pid)
+    return sorted({(c.laddr.ip, c.laddr.port) for p in [parent, *parent.children(recursive=True)]
+                   for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN})
+
+
+def failing_callback(url: str, end_id: str) -> requests.Response:
+    """A callback request that fails inside Dash (an output no callback has)."""
+    return requests.post(url + "_dash-update-component", params={"endId": end_id}, timeout=30,
+                         json={"output": "nope.data", "outputs": {"id": "nope", "property": "data"},
+                               "inputs": [], "changedPropIds": []})
+
+
+def test_default_bind_is_loopback_and_the_debugger_is_off(tmp_path):
+    plain = AppServer(str(tmp_path / "plain.log"), env=server_env(tmp_path))  # `python app.py --port P`
+    debug = AppServer(str(tmp_path / "debug.log"), "--dev-debug", env=server_env(tmp_path))
+    try:
+        plain.wait_ready()
+        debug.wait_ready()
+        assert listening(plain.process.pid) == [(HOST, plain.port)]
+        page = plain.page()
+        config = json.loads(re.search(r'<script id="_dash-config" type="application/json">(.*?)</script>',
+                                      requests.get(plain.url, timeout=10).text, re.S).group(1))
+        assert config["ui"] is False and config["props_check"] is False  # Dash's dev tools are off
+        answers = {
+            "missing page": requests.get(plain.url + "no/such/page", timeout=10),
+            "debugger console": requests.get(plain.url + "console", timeout=10),
+            "debugger resource": requests.get(plain.url, params={"__debugger__": "yes", "cmd": "resource",
+                                                                 "f": "debugger.js"}, timeout=10),
+            "failing callback": failing_callback(plain.url, page.end_id),
+        }
+        # Dash answers any other path with its page (for multi-page apps): the page, not the
+        # debugger's console or script.
+        for what in ("missing page", "debugger console", "debugger resource"):
+            assert answers[what].status_code == 200 and "_dash-config" in answers[what].text, what
+        assert answers["failing callback"].status_code == 500
+        for what, answer in answers.items():
+            assert not TRACEBACK.search(answer.text), (what, answer.text[:500])
+        assert "Debug mode: off" in plain.log()
+
+        # The same requests to a server started with --dev-debug: the debugger answers (so the
+        # checks above would see it), and that server too listens on loopback only.
+        assert listening(debug.process.pid) == [(HOST, debug.port)]
+        debugged = failing_callback(debug.url, debug.page().end_id)
+        assert debugged.status_code == 500 and TRACEBACK.search(debugged.text)
+        script = requests.get(debug.url, params={"__debugger__": "yes", "cmd": "resource", "f": "debugger.js"},
+                              timeout=10)
+        assert script.status_code == 200 and "_dash-config" not in script.text  # the debugger's own
+        assert "Debug mode: on" in debug.log()
+    finally:
+        plain.stop()
+        debug.stop()
+
+
+def test_credentials_never_reach_the_log_or_a_response(s3, served):
+    """The server runs with (fake) AWS credentials in its environment; S3 errors of every kind,
+    one of which echoes the key id, the signature and the session token as S3 does."""
+    s3.create_bucket()
+    # What S3 sends back for a bad signature holds the credentials (boto3 keeps it all).
+    import boto3
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError) as caught:
+        boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=FAKE_KEY_ID, aws_secret_access_key=FAKE_SECRET,
+                     aws_session_token=FAKE_TOKEN, region_name="us-east-1").list_objects_v2(Bucket=SIGNATURE_BUCKET)
+    assert FAKE_KEY_ID in str(caught.value.response) and FAKE_TOKEN in str(caught.value.response)
+    page = served.page()
+    answers = []
+    for path, pattern in ((f"s3://{SIGNATURE_BUCKET}/job", r"SignatureDoesNotMatch|access denied|signature"),
+                          ("s3://no-such-bucket-hardening/job", r"does not exist"),
+                          (f"s3://{BUCKET}/no/such/prefix", r"not a trial")):
+        result = load(page, path, timeout_s=60)
+        message = result.values.get("error-message.children") or ""
+        assert message.startswith(path) and re.search(pattern, message, re.I), message
+        answers.append(result.text)
+    s3.die()
+    try:
+        result = load(page, f"s3://{BUCKET}/{PREFIX}", timeout_s=60)
+        assert "cannot reach S3" in (result.values.get("error-message.children") or ""), result.text[:500]
+        answers.append(result.text)
+    finally:
+        s3.start()
+    log = served.log()
+    assert "POST /_dash-update-component" in log  # the log is captured
+    secrets = [FAKE_SECRET, FAKE_TOKEN, FAKE_KEY_ID, "Signature=", "X-Amz-Signature", "X-Amz-Credential",
+               "x-amz-security-token:"]
+    for text in answers + [log]:
+        for secret in secrets:
+            assert secret not in text, (secret, text[text.find(secret) - 300:text.find(secret) + 100])
+    assert served.alive()

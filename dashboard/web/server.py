@@ -110,7 +110,8 @@ def create_app(options: ServerOptions) -> dash.Dash:
     jobs = diskcache.Cache(os.path.join(cache_dir, JOBS_FOLDER))
     app = dash.Dash(__name__, title=TITLE, assets_folder=ASSETS, update_title=None,
                     background_callback_manager=dash.DiskcacheManager(jobs),
-                    suppress_callback_exceptions=False)
+                    suppress_callback_exceptions=False,
+                    on_error=lambda exc: log.error("a callback failed; its outputs are left unchanged", exc_info=exc))
     app.layout = build_layout(options.default_trial)
     register_callbacks(app, Context(cache=trials, default_trial=options.default_trial,
                                     roots=options.allowed_roots(), s3_buckets=options.s3_buckets,
