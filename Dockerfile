@@ -15,9 +15,11 @@ COPY dashboard ./dashboard
 COPY assets ./assets
 COPY examples ./examples
 
+# The cache holds pickles: private to the server's user (as the app makes its default folder).
 RUN useradd --create-home --uid 10001 dashboard \
     && mkdir -p /cache /data \
-    && chown 10001:10001 /cache /data
+    && chown 10001:10001 /cache /data \
+    && chmod 0700 /cache
 USER 10001:10001
 
 VOLUME ["/cache"]

@@ -257,9 +257,16 @@ def _med(values, digits=3) -> str:
 
 
 def _iqr(values, digits=3) -> str:
+    """Median (interquartile range; mean with its 95 % confidence interval)."""
     ordered = sorted(values)
-    q1, q3 = (statistics.quantiles(ordered, n=4)[i] for i in (0, 2)) if len(ordered) >= 4 else (min(ordered), max(ordered))
-    return f"{statistics.median(ordered):.{digits}f} (IQR {q1:.{digits}f}..{q3:.{digits}f})"
+    if len(ordered) >= 4:
+        q1, _, q3 = statistics.quantiles(ordered, n=4)
+    else:
+        q1, q3 = min(ordered), max(ordered)
+    mean = statistics.mean(ordered)
+    half = 1.96 * statistics.stdev(ordered) / len(ordered) ** 0.5 if len(ordered) > 1 else float("nan")
+    return (f"{statistics.median(ordered):.{digits}f} (IQR {q1:.{digits}f}..{q3:.{digits}f}; "
+            f"mean {mean:.{digits}f} +- {half:.{digits}f})")
 
 
 def main() -> int:
@@ -269,7 +276,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=200_000, help="B: batches of the trivial loop")
     parser.add_argument("--train-batches", type=int, default=1500, help="C: batches of the training loop")
     parser.add_argument("--repeats", type=int, default=5, help="B and C: runs per mode")
-    parser.add_argument("--training-rounds", type=int, default=10, help="D: rounds of paired epochs")
+    parser.add_argument("--training-rounds", type=int, default=20, help="D: rounds of paired epochs")
     parser.add_argument("--epoch-batches", type=int, default=300, help="D: batches per epoch")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)

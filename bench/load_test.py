@@ -10,8 +10,9 @@ and a redraw) until it has made REQUESTS requests. Every answer is checked (stat
 the window it chose, no error message); any failure is an error.
 
 Bounded: CLIENTS x REQUESTS requests, plus the load's polls (at most MAX_POLLS per client, as
-many as the load takes at the renderer's interval), every request with a timeout, the whole
-run within --time-limit seconds; traffic goes to 127.0.0.1 only. Exits non-zero on any error.
+many as the load takes at the renderer's interval), every request with a 30 s timeout, the
+clients stopped at --time-limit seconds; traffic goes to 127.0.0.1 only. Exits non-zero on any
+error (a failed request or check, a client over the limit, an error in the server's log).
 
     python3 bench/load_test.py [--clients 20] [--requests 25] [--runs 3] [--json]
 
@@ -117,8 +118,13 @@ class Gunicorn:
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+                pass
+        try:  # and whatever is left of its session: workers, background-load processes
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.process.poll() is None:
+            self.process.wait(timeout=10)
         self.log.close()
 
     def log_problems(self) -> list[str]:

@@ -1,12 +1,14 @@
 """The server under faults and hostile input, driven over HTTP as the browser's renderer drives
 it (tests/dash_http.py), with the app in processes of its own (`python app.py ...`):
 
-- two server processes sharing one cache folder load the same trial at the same moment;
+- two server processes sharing one cache folder load the same trial at the same moment, and a
+  load starts while another request of the same server holds the shared job store's lock;
 - the S3 server (a moto server of this module's own) stops in the middle of a server-side load;
 - every broken trial of tests/test_bad_input.py loads with its skip report; garbage callback
   payloads get a message or a no-op, never a 500 or a traceback, and the server keeps answering;
 - the default bind is 127.0.0.1 and the debugger is off unless --dev-debug asks for it;
-- credentials in the server's environment never reach its log or a response.
+- credentials in the server's environment never reach its log or a response;
+- the Dockerfile's CMD and HEALTHCHECK, run as written (on loopback).
 
 Expected numbers come from the events the synthetic writer reports, never from the server.
 """
@@ -32,6 +34,7 @@ import requests
 from dashboard.synthetic import SyntheticTrial, write_trial
 from tests.conftest import ROOT
 from tests.dash_http import CallbackFailed, DashSession, Result, text_of
+from tests.test_bad_input import CASES, Trial as BrokenTrial  # the corpus of broken trials, reused
 
 APP = os.path.join(ROOT, "app.py")
 HOST = "127.0.0.1"
@@ -252,7 +255,7 @@ def test_a_load_starting_while_another_request_holds_the_job_store_completes(tmp
     first, second = start_servers(tmp_path, 2, "serve", "--cache-dir", str(cache), "--data-root", str(data))
     try:
         page_a = first.page()
-        asked, handles = start_load(page_a, trial)
+        _, handles = start_load(page_a, trial)
         time.sleep(3)  # the job (on the first server) finishes; its result waits in the job store
         # The page's next poll reaches the second server (as it may behind gunicorn).
         collector = DashSession(second.url, timeout=60)
@@ -270,13 +273,16 @@ def test_a_load_starting_while_another_request_holds_the_job_store_completes(tmp
         poller.start()
         time.sleep(0.3)  # inside the poll's second
         page_b = second.page()
-        result = load(page_b, trial, timeout_s=20)  # a small trial: a second or two
+        try:
+            result = load(page_b, trial, timeout_s=20)  # a small trial: a second or two
+        except CallbackFailed as exc:
+            poller.join(30)
+            raise AssertionError(f"a load started 0.3 s into a poll of the same server that took "
+                                 f"{polled.get('seconds', 0):.1f} s never completed: {exc}") from None
         poller.join(30)
         assert polled.get("status") == 200 and "trial-store" in polled.get("text", ""), polled
         store = loaded_store(result)
         assert shown_counts(show(page_b, store)) == counts(written)
-    except CallbackFailed as exc:
-        raise AssertionError(f"a load started during the other poll never completed: {exc}") from None
     finally:
         first.stop()
         second.stop()
@@ -505,9 +511,6 @@ def test_s3_stops_mid_load_the_page_says_so_nothing_is_cached_and_a_retry_reads_
 
 
 # --- broken trials and garbage payloads -------------------------------------------------------------
-
-from tests.test_bad_input import CASES, Trial as BrokenTrial  # noqa: E402 - the corpus, reused
-
 
 def summary_text(panels: dict) -> str:
     return " ".join(text_of(panels["summary.children"]).split())
@@ -821,3 +824,65 @@ def test_credentials_never_reach_the_log_or_a_response(s3, served):
         for secret in secrets:
             assert secret not in text, (secret, text[text.find(secret) - 300:text.find(secret) + 100])
     assert served.alive()
+
+
+# --- the container's recipe ---------------------------------------------------------------------------
+
+def dockerfile() -> dict:
+    """The Dockerfile's instructions: {INSTRUCTION: [arguments, ...]} (continuations joined)."""
+    with open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8") as handle:
+        text = re.sub(r"\\\n\s*", " ", handle.read())
+    found: dict = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            found.setdefault(word.upper(), []).append(rest.strip())
+    return found
+
+
+def test_the_dockerfile_serves_app_server_as_its_healthcheck_expects(tmp_path):
+    """No engine here: the recipe's parts are checked, and its CMD and HEALTHCHECK are run as
+    written (bound to loopback, on a free port, instead of 0.0.0.0:8050)."""
+    recipe = dockerfile()
+    assert re.fullmatch(r"python:3\.11-slim(@sha256:\w+)?", recipe["FROM"][0])
+    assert [r for r in recipe["RUN"] if "pip install" in r] == ["pip install --no-cache-dir -r requirements.txt"]
+    with open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8") as handle:
+        installed = handle.read()
+    for test_only in ("pytest", "moto", "dash[testing]", "torch", "hadolint", "selenium"):
+        assert test_only not in installed
+    user = recipe["USER"][-1].split(":")[0]
+    assert user not in ("root", "0") and re.search(rf"useradd .*--uid {user}\b", " ".join(recipe["RUN"]))
+    assert json.loads(recipe["VOLUME"][0]) == ["/cache"]
+    assert "DASHBOARD_CACHE_DIR=/cache" in " ".join(recipe["ENV"])
+    command = json.loads(recipe["CMD"][0])
+    assert command[0] == "gunicorn" and command[-1] == "app:server" and "0.0.0.0:8050" in command
+    health = re.fullmatch(r"(?:--\S+\s+)*CMD\s+(\[.*\])", recipe["HEALTHCHECK"][0])
+    probe = json.loads(health.group(1))
+    assert "http://127.0.0.1:8050/" in probe[-1]
+
+    port = free_port()
+    data = tmp_path / "data"
+    data.mkdir()
+    command = [sys.executable, "-m", *command[:-1], "--no-control-socket", command[-1]]
+    command[command.index("0.0.0.0:8050")] = f"{HOST}:{port}"
+    env = server_env(tmp_path, DASHBOARD_CACHE_DIR=str(tmp_path / "cache"), DASHBOARD_DATA_ROOTS=str(data))
+    with open(tmp_path / "gunicorn.log", "wb") as log:
+        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        check = [sys.executable if probe[0] == "python" else probe[0], *probe[1:-1],
+                 probe[-1].replace("127.0.0.1:8050", f"{HOST}:{port}")]
+        deadline = time.monotonic() + 60
+        while subprocess.run(check, capture_output=True, timeout=30).returncode != 0:
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "gunicorn.log").read_text()
+            time.sleep(0.5)
+        # The image's default trial (the bundled sample) loads.
+        page = DashSession(f"http://{HOST}:{port}/", timeout=60).open()
+        asked = page.call(page.find("load-request.data"), {"url.search": ""}, ["url.search"]).values
+        store = loaded_store(page.call_background(page.find("trial-store.data"), {"load-request.data": asked[
+            "load-request.data"]}, ["load-request.data"], poll_s=POLL_S, timeout_s=60))
+        assert store["path"].endswith(os.path.join("examples", "sample-trial", "trial"))
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
