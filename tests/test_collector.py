@@ -481,22 +481,27 @@ def test_other_torch_internals_degrade_with_a_warning(tmp_path, emulate):
 def test_s3_output_uploaded_as_files_close(tmp_path, s3_endpoint, s3_client):
     s3_client.create_bucket(Bucket="jobs")
     out = "s3://jobs/run-1/profiler-output"
-    config = {"out": out, "epochs": 3, "sleep_between_epochs_s": 0.6, "loaders": [
+    config = {"out": out, "epochs": 3, "sleep_between_epochs_s": 1.5, "loaders": [
         {"name": "train", "n": 32, "batch_size": 4, "num_workers": 2, "context": "fork"}],
         "options": {"rotate_s": 0.5, "system_interval_s": 0.2}}
     staging = tmp_path / "tmp"
     staging.mkdir()
-    truth, _ = run_workload(tmp_path, config, env={"TMPDIR": str(staging)})
-    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket="jobs", Prefix="run-1/")["Contents"]]
-    framework = [k for k in keys if k.startswith("run-1/profiler-output/framework/pevents/")]
-    assert len(framework) >= 3  # rotated and uploaded while it ran
+    truth, done = run_workload(tmp_path, config, env={"TMPDIR": str(staging)})
+    objects = s3_client.list_objects_v2(Bucket="jobs", Prefix="run-1/")["Contents"]
+    keys = [o["Key"] for o in objects]
+    framework = [o for o in objects if o["Key"].startswith("run-1/profiler-output/framework/pevents/")]
+    assert len(framework) >= 3, (keys, done.stderr)  # rotated...
+    # ...and uploaded while the job ran: the first closed file was in S3 well before the
+    # last batch (3 s of epochs apart).
+    first_upload = min(o["LastModified"] for o in framework).timestamp()
+    assert first_upload < truth["batch_ends"][-1] - 1.0, (first_upload, truth["batch_ends"][-1])
     assert any("/system/incremental/" in k for k in keys)
     assert not [k for k in keys if k.endswith(".tmp")]
     trial = load(out)
     found = check_against_truth(trial, truth, config)
     assert len(found["getnexts"]) == 24 and len(found["workers"]) == 6
     # Uploaded: the staging and spool folders are gone.
-    assert not [name for name in os.listdir(staging) if name.startswith("dashboard-collector")]
+    assert not [name for name in os.listdir(staging) if name.startswith("dashboard-collector")], done.stderr
 
 
 def test_each_rank_writes_its_own_node(tmp_path):

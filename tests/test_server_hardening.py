@@ -117,7 +117,12 @@ class AppServer:
 def start_servers(tmp_path, count: int, *args: str, env: dict | None = None) -> list[AppServer]:
     servers = [AppServer(str(tmp_path / f"server-{i}.log"), *args, env=env or server_env(tmp_path))
                for i in range(count)]
-    return [server.wait_ready() for server in servers]
+    try:
+        return [server.wait_ready() for server in servers]
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
 
 
 # --- the page's requests ---------------------------------------------------------------------------
@@ -449,10 +454,13 @@ def served(s3, tmp_path_factory):
                      AWS_SECRET_ACCESS_KEY=FAKE_SECRET, AWS_SESSION_TOKEN=FAKE_TOKEN,
                      AWS_DEFAULT_REGION="us-east-1")
     server = AppServer(str(tmp / "server.log"), "serve", "--cache-dir", str(cache), "--data-root", str(data),
-                       env=env).wait_ready()
-    server.data, server.cache = data, cache
-    yield server
-    server.stop()
+                       env=env)
+    try:
+        server.wait_ready()
+        server.data, server.cache = data, cache
+        yield server
+    finally:
+        server.stop()
 
 
 def new_cache_entries(cache, before: set) -> set:
