@@ -25,7 +25,7 @@ USER 10001:10001
 VOLUME ["/cache"]
 EXPOSE 8050
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8050/', timeout=4)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8050/healthz', timeout=4)"]
 
 # Inside the container the app must listen on all interfaces; publish the port on the
 # host's loopback (docker run -p 127.0.0.1:8050:8050) unless it is meant to be shared.

@@ -53,5 +53,12 @@ def test_five_methods(notebook, capsys):
     assert "BatchTime_in_seconds" in batches and len(batches) >= 1
     assert slow.start_us in set(analysis.window_framework_metrics["start_us"])
     fig = analysis.plot_the_window(slow.start_us - 50_000, slow.end_us + 50_000)
-    names = " ".join(str(t.name) for t in fig.data)
-    assert "GetNext" in names or any("GetNext" in str(getattr(t, "text", "")) for t in fig.data)
+    getnext = [t for t in fig.data if t.name == "DataLoaderIter"]
+    assert getnext and any("80,000 us" in str(h) for h in getnext[0].hovertext)
+    lo, hi = fig.layout.xaxis.range  # epoch milliseconds
+    assert lo <= (slow.start_us - 50_000) / 1e3 + 1 and hi >= (slow.end_us + 50_000) / 1e3 - 1
+    # a window wide enough for system samples draws them too, with the events
+    wide = analysis.plot_the_window(slow.start_us - 2_000_000, slow.end_us + 2_000_000,
+                                    select_dimensions=["CPUUtilization", "GPU"])
+    names = {t.name for t in wide.data}
+    assert {"cpu0", "cpu1", "DataLoaderIter"} <= names and "MemoryUsedPercent" not in names

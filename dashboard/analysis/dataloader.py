@@ -16,6 +16,8 @@ import pandas as pd
 from .. import format as fmt
 
 DEFAULT_OUTLIER_FACTOR = 2.0
+# Event and metric filters are short names; a huge pattern only costs the server time.
+MAX_PATTERN_CHARS = 1000
 INIT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "node", "pid", "type"]
 WORKER_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node"]
 GETNEXT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node"]
@@ -233,6 +235,9 @@ def validate_patterns(patterns: Sequence[str]) -> list[str]:
     """The patterns, or ValueError naming the first that is not a valid regex."""
     patterns = [p for p in (patterns or []) if p] or [".*"]
     for pattern in patterns:
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise ValueError(f"regular expression of {len(pattern):,} characters: the limit is "
+                             f"{MAX_PATTERN_CHARS:,}")
         try:
             re.compile(pattern)
         except re.error as exc:

@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 from .errors import FileOutsideTrialError, TrialAccessError, TrialError, TrialNotFoundError
 
 READ_THREADS = 16
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux; S3 keys are at most 1024 bytes
 
 
 class _RedactCredentials(logging.Filter):
@@ -211,6 +212,9 @@ class S3Store:
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc) from None
         except S3UploadFailedError as exc:
+            cause = exc.__cause__ or exc.__context__  # boto3 wraps the ClientError
+            if isinstance(cause, ClientError):
+                raise self._error(cause) from None
             raise TrialError(f"{self.path}: upload of {key} failed ({exc})") from None
 
 
@@ -238,6 +242,10 @@ def open_store(path: str, roots: Sequence[str] | None = None, s3_client=None,
     path = (path or "").strip()
     if not path:
         raise TrialNotFoundError("no trial path given")
+    if len(path) > MAX_PATH_CHARS:
+        # Path resolution gets quadratically slower with length: refuse before touching it.
+        raise TrialNotFoundError(f"{path[:100]}...: a path of {len(path):,} characters "
+                                 f"(the limit is {MAX_PATH_CHARS:,})")
     if is_s3_path(path):
         store = S3Store(path, client=s3_client)
         if s3_buckets is not None and store.bucket not in s3_buckets:

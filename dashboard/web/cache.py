@@ -11,6 +11,7 @@ the user's cache directory, created with mode 0700).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -35,6 +36,62 @@ Progress = Callable[[int, int], None]
 def default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "dataloader-dashboard")
+
+
+class _ForkGuard:
+    """Holds os.fork() back while a thread of this process is inside SQLite.
+
+    Background loads are forked from the server process (Dash's DiskcacheManager). SQLite
+    keeps its locks per process and fork copies them: a child forked while another thread
+    of the parent holds a lock on a cache inherits a lock no thread of it will release, and
+    can never write that cache (diskcache times out after 60 s; the load's progress and
+    result are lost and the page just stops)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._inside = 0
+        os.register_at_fork(before=self._before_fork, after_in_parent=lambda: self._cond.release(),
+                            after_in_child=self._after_in_child)
+
+    @contextlib.contextmanager
+    def inside(self):
+        with self._cond:
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                if not self._inside:
+                    self._cond.notify_all()
+
+    def _before_fork(self):
+        self._cond.acquire()  # held through the fork: no thread enters SQLite meanwhile
+        while self._inside:
+            self._cond.wait()
+
+    def _after_in_child(self):
+        self._cond, self._inside = threading.Condition(), 0  # the child has only the forking thread
+
+
+FORK_GUARD = _ForkGuard()
+
+
+class ForkSafeCache(diskcache.Cache):
+    """A diskcache.Cache that no fork interrupts: every transaction and read is inside the guard."""
+
+    @contextlib.contextmanager
+    def _transact(self, retry=False, filename=None):
+        with FORK_GUARD.inside(), super()._transact(retry, filename) as transaction:
+            yield transaction
+
+    def get(self, *args, **kwargs):
+        with FORK_GUARD.inside():
+            return super().get(*args, **kwargs)
+
+    def __contains__(self, key):
+        with FORK_GUARD.inside():
+            return super().__contains__(key)
 
 
 def trial_key(path: str, listing_fingerprint: str) -> str:
@@ -70,9 +127,9 @@ class TrialCache:
     def __init__(self, directory: str, size_limit_mb: int = 2048):
         self.directory = directory
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        self.disk = diskcache.Cache(os.path.join(directory, TRIALS_FOLDER),
-                                    size_limit=int(size_limit_mb) * 2**20,
-                                    eviction_policy="least-recently-used")
+        self.disk = ForkSafeCache(os.path.join(directory, TRIALS_FOLDER),
+                                size_limit=int(size_limit_mb) * 2**20,
+                                eviction_policy="least-recently-used")
         self.memory = _Memory(MEMORY_ITEMS)
 
     def _get(self, key: str):

@@ -15,9 +15,8 @@ import os
 from dataclasses import dataclass, field
 
 import dash
-import diskcache
 
-from .cache import JOBS_FOLDER, TrialCache, default_cache_dir
+from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
 from .callbacks import Context, register_callbacks
 from .layout import build_layout
 from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_TRIAL_MB, MB
@@ -26,6 +25,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 SAMPLE_TRIAL = os.path.join(REPO_ROOT, "examples", "sample-trial", "trial")
 ASSETS = os.path.join(REPO_ROOT, "assets")
 TITLE = "DataLoader Profiler"
+MAX_REQUEST_BYTES = 10 * 2**20
 
 log = logging.getLogger("dashboard.web")
 
@@ -107,11 +107,16 @@ def options_from_environment(environ=None) -> ServerOptions:
 def create_app(options: ServerOptions) -> dash.Dash:
     cache_dir = os.path.abspath(os.path.expanduser(options.cache_dir or default_cache_dir()))
     trials = TrialCache(cache_dir, options.cache_size_mb)
-    jobs = diskcache.Cache(os.path.join(cache_dir, JOBS_FOLDER))
+    jobs = ForkSafeCache(os.path.join(cache_dir, JOBS_FOLDER))
     app = dash.Dash(__name__, title=TITLE, assets_folder=ASSETS, update_title=None,
                     background_callback_manager=dash.DiskcacheManager(jobs),
                     suppress_callback_exceptions=False,
-                    on_error=lambda exc: log.error("a callback failed; its outputs are left unchanged", exc_info=exc))
+                    on_error=lambda exc: log.error("a callback failed; its outputs are left unchanged",
+                                                   exc_info=exc))
+    # Callback requests are small JSON documents; refuse bodies that could only be abuse.
+    app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+    # A cheap liveness probe for the container's HEALTHCHECK and load balancers.
+    app.server.add_url_rule("/healthz", "healthz", lambda: ("ok\n", 200, {"Content-Type": "text/plain"}))
     app.layout = build_layout(options.default_trial)
     register_callbacks(app, Context(cache=trials, default_trial=options.default_trial,
                                     roots=options.allowed_roots(), s3_buckets=options.s3_buckets,
