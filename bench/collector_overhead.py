@@ -161,7 +161,8 @@ def _timed(mode: str, run, batches: int, context, settle_s: float = 0.0) -> dict
         context.__exit__(None, None, None)
     wall3, cpu3 = time.perf_counter(), time.process_time()
     result = {"mode": mode, "batches": count, "cpu_s": cpu2 - cpu1, "wall_s": wall2 - wall1,
-              "start_wall_s": wall1 - wall0, "stop_wall_s": wall3 - wall2}
+              "start_wall_s": wall1 - wall0, "stop_wall_s": wall3 - wall2,
+              "start_stop_cpu_s": (cpu1 - cpu0) + (cpu3 - cpu2)}
     if sink_pid is not None:
         result["sink_cpu_s"] = sink1 - sink0
     return result

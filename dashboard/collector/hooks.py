@@ -11,9 +11,10 @@
   torch calls just before `__next__` returns that worker's batch.
 
 The hot path is `__next__`: two `time.time_ns()` calls, one attribute read and three
-numbers appended to an int64 array (no lock, no formatting, no object kept). `inspect_torch()` checks each
-internal it relies on and degrades with a warning when one differs (another torch 2.x):
-no worker id, no worker events, or nothing at all; it never lets training break.
+numbers appended to an int64 array (no lock, no formatting, no object kept).
+`inspect_torch()` checks each internal it relies on and degrades with a warning when one
+differs (another torch 2.x): no worker id, no worker events, or nothing at all; it never
+lets training break.
 """
 from __future__ import annotations
 

@@ -95,9 +95,20 @@ class SystemSampler:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop sampling, after one last sample: a job shorter than the interval still
+        gets its rates (over its whole run)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if not self._thread.is_alive() and self._previous is not None \
+                    and time.time() - self._previous["ts"] >= MIN_INTERVAL_S / 2:
+                try:
+                    records = self.sample()
+                    if records:
+                        self.sink(records)
+                except Exception as exc:
+                    if self.on_error is not None:
+                        self.on_error(f"system metrics: {type(exc).__name__}: {exc}")
         if self._gpus is not None:
             self._gpus.close()
 
