@@ -13,8 +13,11 @@ PHASE_ITER = "DataLoaderIter"
 PHASE_WORKER = "DataLoaderWorker"
 PHASE_STEP_TRAIN = "Step:ModeKeys.TRAIN"
 PHASE_STEP_EVAL = "Step:ModeKeys.EVAL"
-# Written by this project's collector only (the reference never had them).
-PHASE_WORKER_FETCH = "DataLoaderWorkerFetch"
+# Written by this project's collector only (the reference never had them). Their names
+# avoid "DataLoaderWorker" and "DataLoaderIter": the reference selects events by regex
+# search on those words and would count them as workers or iterators.
+PHASE_WORKER_FETCH = "DataLoaderFetch"
+PHASE_FIRST_BATCH = "DataLoaderFirstBatch"
 
 # Event kinds the analysis cares about; everything else is "other".
 KIND_INIT = "init"

@@ -384,3 +384,15 @@ def test_s3_output_without_a_bucket_keeps_the_files(tmp_path, s3_endpoint, capfd
     import shutil
 
     shutil.rmtree(kept[:kept.index("/framework/")])
+
+
+def test_a_job_shorter_than_the_interval_still_gets_one_sample():
+    from dashboard.collector.system import SystemSampler
+
+    samples = []
+    sampler = SystemSampler(samples.append, interval_s=60, gpu=False)
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    assert len(samples) == 1  # the last one, taken at stop, with rates over the 0.3 s
+    assert {r[0] for r in samples[0]} >= {"cpu", "memory"}

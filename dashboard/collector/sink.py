@@ -37,7 +37,7 @@ from . import protocol
 from .writer import SystemMetricsWriter, TraceWriter
 
 # Written by this collector only: iter() start -> end of the first batch of that iterator.
-PHASE_FIRST_BATCH = "DataLoaderFirstBatch"
+PHASE_FIRST_BATCH = fmt.PHASE_FIRST_BATCH
 ARG_TIME_TO_FIRST_BATCH = "time_to_first_batch_us"
 DEFAULT_MP_ITER = "_MultiProcessingDataLoaderIter"
 PHASES = (fmt.PHASE_INIT, fmt.PHASE_ITER, fmt.PHASE_WORKER)
