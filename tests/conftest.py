@@ -49,9 +49,19 @@ def s3_endpoint():
 
 @pytest.fixture
 def s3_client(s3_endpoint):
+    """A client of the shared S3 server; every bucket is removed afterwards, so tests that pick
+    the same bucket and prefix never see each other's files."""
     import boto3
 
-    return boto3.client("s3", endpoint_url=s3_endpoint)
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    yield client
+    for bucket in client.list_buckets().get("Buckets", []):
+        name = bucket["Name"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            for i in range(0, len(keys), 1000):
+                client.delete_objects(Bucket=name, Delete={"Objects": keys[i:i + 1000]})
+        client.delete_bucket(Bucket=name)
 
 
 def upload_folder(client, folder: str, bucket: str, prefix: str) -> None:
