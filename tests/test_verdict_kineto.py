@@ -114,7 +114,9 @@ def test_clean_run_gets_no_findings(tmp_path):
     # Single-process on purpose: with workers, a run this short on a shared 2-core machine is
     # genuinely input-bound whenever other processes take the cores (the planted clean trial
     # in test_verdict.py covers workers without that noise).
-    calls = profiled_run(tmp_path, DataLoader(Samples(60), batch_size=2, num_workers=0), 0.02)
+    # 50 ms of compute per batch keeps a clean run well below the 5 % line even when other
+    # processes slow next() down (at 20 ms, a loaded machine pushed it to 6 %).
+    calls = profiled_run(tmp_path, DataLoader(Samples(60), batch_size=2, num_workers=0), 0.05)
     result = dashboard.analyze(str(tmp_path))
     assert result.verdict.input_percent == pytest.approx(measured_percent(calls), abs=2)
     assert result.verdict.class_ == "not"
