@@ -130,24 +130,25 @@ class PT_dataloader_analysis:  # noqa: N801 (the reference's name)
         return self._report_outliers(init.outliers, "iterator initialization")
 
     def analyze_dataloaderWorkers(self) -> pd.DataFrame:  # noqa: N802
-        workers = self.result.workers
-        if workers.count == 0:
-            print("Trace events corresponding to DataLoaderWorker processes are not present")
-            return pd.DataFrame(columns=["start_time", "end_time"] + dataloader.WORKER_OUTLIER_COLUMNS)
-        print(f"Total number of workers spun off during the training {workers.count}")
-        print(f"Median duration {workers.median_us:.0f} us and maximum duration {workers.max_us:.0f} us "
-              f"for worker processes")
-        return self._report_outliers(workers.outliers, "worker processes")
+        return self._report_durations(self.result.workers, "DataLoaderWorker processes",
+                                      "workers spun off", "worker processes",
+                                      dataloader.WORKER_OUTLIER_COLUMNS)
 
     def analyze_dataloader_getnext(self) -> pd.DataFrame:
-        getnext = self.result.getnext
-        if getnext.count == 0:
-            print("Trace events corresponding to DataLoaderIter::GetNext calls are not present")
-            return pd.DataFrame(columns=["start_time", "end_time"] + dataloader.GETNEXT_OUTLIER_COLUMNS)
-        print(f"Total number of GetNext calls made during the training {getnext.count}")
-        print(f"Median duration {getnext.median_us:.0f} us and maximum duration {getnext.max_us:.0f} us "
-              f"for GetNext calls")
-        return self._report_outliers(getnext.outliers, "GetNext durations")
+        return self._report_durations(self.result.getnext, "DataLoaderIter::GetNext calls",
+                                      "GetNext calls made", "GetNext calls",
+                                      dataloader.GETNEXT_OUTLIER_COLUMNS)
+
+    def _report_durations(self, stats, events: str, counted: str, what: str,
+                          columns: list[str]) -> pd.DataFrame:
+        """The reference's summary of one kind of event with a duration, and its outliers."""
+        if stats.count == 0:
+            print(f"Trace events corresponding to {events} are not present")
+            return pd.DataFrame(columns=["start_time", "end_time"] + columns)
+        print(f"Total number of {counted} during the training {stats.count}")
+        print(f"Median duration {stats.median_us:.0f} us and maximum duration {stats.max_us:.0f} us "
+              f"for {what}")
+        return self._report_outliers(stats.outliers, what)
 
     def analyze_batchtime(self, start_timestamp=None, end_timestamp=None, select_events=(".*",),
                           select_dimensions=(".*",)) -> pd.DataFrame:

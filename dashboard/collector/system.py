@@ -102,13 +102,7 @@ class SystemSampler:
             self._thread.join(timeout)
             if not self._thread.is_alive() and self._previous is not None \
                     and time.time() - self._previous["ts"] >= MIN_INTERVAL_S / 2:
-                try:
-                    records = self.sample()
-                    if records:
-                        self.sink(records)
-                except Exception as exc:
-                    if self.on_error is not None:
-                        self.on_error(f"system metrics: {type(exc).__name__}: {exc}")
+                self._sample_and_send()
         if self._gpus is not None:
             self._gpus.close()
 
@@ -121,13 +115,17 @@ class SystemSampler:
             next_at += self.interval_s
             if next_at < time.monotonic():  # fell behind (a suspended host): do not burst
                 next_at = time.monotonic() + self.interval_s
-            try:
-                records = self.sample()
-                if records:
-                    self.sink(records)
-            except Exception as exc:
-                if self.on_error is not None:
-                    self.on_error(f"system metrics: {type(exc).__name__}: {exc}")
+            self._sample_and_send()
+
+    def _sample_and_send(self) -> None:
+        """One sample to the sink; a failure is reported, never raised into training."""
+        try:
+            records = self.sample()
+            if records:
+                self.sink(records)
+        except Exception as exc:
+            if self.on_error is not None:
+                self.on_error(f"system metrics: {type(exc).__name__}: {exc}")
 
     def sample(self) -> list[Record]:
         """One sample's records (empty for the first: rates need a previous sample)."""
