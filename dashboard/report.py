@@ -1,6 +1,8 @@
 """Results as the `analyze --json` object and as a readable text report."""
 from __future__ import annotations
 
+from . import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
+
 import math
 from datetime import datetime, timezone
 

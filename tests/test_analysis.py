@@ -109,3 +109,75 @@ def test_node_filter(planted, tmp_path):
     one = dashboard.analyze(result.trial, node="algo-2")
     assert one.getnext.count == len([e for e in synthetic.of_kind("getnext") if e.node.endswith("algo-2")])
     assert set(one.trial.system["node"].astype(str)) == {"algo-2"}
+
+
+def _random_framework(seed: int) -> pd.DataFrame:
+    """GetNexts and initializations of two iterator classes on several processes of two
+    nodes, with ties in time, missing pids and explicit iterator ids: the cases that decide
+    where an iterator ends."""
+    import random
+
+    rng = random.Random(seed)
+    classes = ["_MultiProcessingDataLoaderIter", "_SingleProcessDataLoaderIter"]
+    rows = []
+    for _ in range(rng.randint(50, 400)):
+        cls = rng.choice(classes)
+        kind = rng.choice(["getnext"] * 6 + ["init", "other"])
+        name = {"getnext": f"{cls}::GetNext", "init": f"{cls}.__init__", "other": "Step:ModeKeys.TRAIN"}[kind]
+        start = rng.randint(0, 60) * 1000  # coarse: many equal start times
+        rows.append({"node": rng.choice(["2-algo-2", "1-algo-1"]), "pid": rng.choice([11, 12, None]),
+                     "name": name, "kind": kind, "start_us": start, "end_us": start + rng.randint(0, 900),
+                     "worker_id": rng.choice([0, 1, None]),
+                     "iterator_id": rng.choice([None, None, 1, 2]) if kind == "getnext" else None})
+    frame = pd.DataFrame(rows).sort_values("start_us", kind="stable").reset_index(drop=True)
+    return frame.astype({"node": "category", "name": "category", "kind": "category", "pid": "Int64",
+                         "worker_id": "Int64", "iterator_id": "Int64"})
+
+
+def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
+    """The batch rule written out plainly: calls of one process in time order; a batch runs
+    to the next call unless node, pid, class, the count of that class's initializations
+    on that process so far, or the iterator id changes between them."""
+    records = frame.to_dict("records")
+    for position, row in enumerate(records):
+        row["position"] = position
+        row["cls"] = str(row["name"]).split("::")[0].split(".__init__")[0]
+        row["pid"] = -1 if pd.isna(row["pid"]) else int(row["pid"])
+        row["iterator_id"] = -1 if pd.isna(row["iterator_id"]) else int(row["iterator_id"])
+    inits = [r for r in records if r["kind"] == "init"]
+    calls = sorted((r for r in records if r["kind"] == "getnext"),
+                   key=lambda r: (r["node"], r["pid"], r["start_us"], r["position"]))
+
+    def key(call):
+        seen = sum(1 for i in inits if (i["node"], i["pid"], i["cls"]) == (call["node"], call["pid"], call["cls"])
+                   and i["start_us"] <= call["start_us"])
+        return call["node"], call["pid"], call["cls"], seen, call["iterator_id"]
+
+    return sorted((this["start_us"], following["start_us"], this["node"], this["pid"])
+                  for this, following in zip(calls, calls[1:]) if key(this) == key(following))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_batchtime_matches_the_rule_written_out(seed):
+    from dashboard.analysis.dataloader import analyze_batchtime, iterator_segments
+
+    frame = _random_framework(seed)
+    result = analyze_batchtime(frame)
+    got = sorted(zip(result.batches["start_us"], result.batches["end_us"], result.batches["node"].astype(str),
+                     result.batches["pid"].fillna(-1).astype(int)))
+    assert got == _expected_batches(frame)
+    assert result.count == len(got)
+    assert list(result.batches["start_us"]) == sorted(result.batches["start_us"])
+    assert (result.batches["batch_time_s"] == (result.batches["end_us"] - result.batches["start_us"]) / 1e6).all()
+    segments = iterator_segments(frame)
+    assert list(segments.index) == list(frame.index[frame["kind"] == "getnext"])
+
+
+def test_batchtime_of_a_trial_without_getnext():
+    frame = _random_framework(0)
+    frame = frame[frame["kind"] != "getnext"].reset_index(drop=True)
+    from dashboard.analysis.dataloader import analyze_batchtime, iterator_segments
+
+    result = analyze_batchtime(frame)
+    assert result.count == 0 and result.median_s is None and result.outliers.empty
+    assert iterator_segments(frame).empty

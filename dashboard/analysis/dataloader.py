@@ -154,6 +154,72 @@ def analyze_getnext(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FAC
         events=calls.reset_index(drop=True))
 
 
+def _codes(values: pd.Series) -> np.ndarray:
+    """Integer codes of a column whose order follows its values' order (missing: -1)."""
+    if values.dtype.name != "category":
+        values = values.astype("category")  # categories come sorted
+    codes = values.cat.codes.to_numpy().astype(np.int64)
+    categories = values.cat.categories
+    if len(categories) > 1 and not categories.is_monotonic_increasing:
+        rank = np.empty(len(categories), dtype=np.int64)
+        rank[np.argsort(categories.astype(str), kind="stable")] = np.arange(len(categories))
+        codes = np.where(codes >= 0, rank[codes], -1)
+    return codes
+
+
+def _class_codes(names: pd.Series) -> np.ndarray:
+    """An id per row for iterator_class(name), computed once per distinct name."""
+    names = names if names.dtype.name == "category" else names.astype("category")
+    classes = [iterator_class(str(c)) for c in names.cat.categories] + [""]
+    class_ids = pd.factorize(pd.Index(classes, dtype=object))[0]
+    return class_ids[names.cat.codes.to_numpy()]
+
+
+def _int_or(values: pd.Series, missing: int) -> np.ndarray:
+    return values.to_numpy(dtype=np.int64, na_value=missing)
+
+
+@dataclass
+class _Segments:
+    """The GetNext calls in (node, pid, start) order, with the iterator each belongs to."""
+    rows: np.ndarray  # positions of the calls in the framework frame, in this order
+    segment: np.ndarray  # iterator id per call in this order: consecutive runs of equal ids
+    start_us: np.ndarray
+
+
+def _segments(framework: pd.DataFrame) -> _Segments:
+    # Numpy over the few columns needed, not pandas group-bys over copied frames: this runs
+    # on every GetNext of a trial (300k+), and its temporary frames once set the peak memory.
+    is_call = (framework["kind"] == fmt.KIND_GETNEXT).to_numpy()
+    rows = np.flatnonzero(is_call | (framework["kind"] == fmt.KIND_INIT).to_numpy())
+    calls_first = is_call[rows]
+    node = _codes(framework["node"])[rows]
+    pid = _int_or(framework["pid"], -1)[rows]
+    cls = _class_codes(framework["name"])[rows]
+    start = framework["start_us"].to_numpy(dtype=np.int64)[rows]
+    # Initializations of the call's class on the call's process that started before it (or
+    # at the same time): a change in that count starts a new iterator.
+    order = np.lexsort((calls_first, start, cls, pid, node))
+    same_group = np.zeros(len(order), dtype=bool)
+    same_group[1:] = ((node[order][1:] == node[order][:-1]) & (pid[order][1:] == pid[order][:-1])
+                      & (cls[order][1:] == cls[order][:-1]))
+    inits_seen = np.cumsum(~calls_first[order])
+    group_base = np.where(same_group, 0, inits_seen - (~calls_first[order]))
+    inits_before = np.empty(len(order), dtype=np.int64)
+    inits_before[order] = inits_seen - np.maximum.accumulate(group_base)
+    # The calls alone, by process and time.
+    call_rows = np.flatnonzero(calls_first)
+    node, pid, cls, start, inits_before = (a[call_rows] for a in (node, pid, cls, start, inits_before))
+    iterator_id = _int_or(framework["iterator_id"], -1)[rows[call_rows]]
+    order = np.lexsort((start, pid, node))
+    new = np.zeros(len(order), dtype=bool)
+    new[:1] = True
+    for key in (node, pid, cls, inits_before, iterator_id):
+        ordered = key[order]
+        new[1:] |= ordered[1:] != ordered[:-1]
+    return _Segments(rows=rows[call_rows][order], segment=np.cumsum(new), start_us=start[order])
+
+
 def iterator_segments(framework: pd.DataFrame) -> pd.Series:
     """An id per GetNext naming the iterator that served it (index-aligned with the GetNexts).
 
@@ -162,32 +228,9 @@ def iterator_segments(framework: pd.DataFrame) -> pd.Series:
     and no GetNext of another class between them. Events of this project's collector
     carry an explicit iterator_id, which then also splits persistent-worker epochs.
     """
-    calls = _of_kind(framework, fmt.KIND_GETNEXT)
-    if calls.empty:
-        return pd.Series([], dtype="int64", index=calls.index)
-    inits = _of_kind(framework, fmt.KIND_INIT)
-    cls = iterator_classes(calls["name"])
-    init_cls = iterator_classes(inits["name"])
-    frame = pd.DataFrame({
-        "node": calls["node"].astype(str), "pid": calls["pid"].fillna(-1).astype("int64"),
-        "cls": cls, "start": calls["start_us"], "iterator_id": calls["iterator_id"]}, index=calls.index)
-    # Number of initializations of this class on this process that started before the call.
-    frame["inits_before"] = 0
-    init_frame = pd.DataFrame({"node": inits["node"].astype(str),
-                               "pid": inits["pid"].fillna(-1).astype("int64"),
-                               "cls": init_cls, "start": inits["start_us"]})
-    for key, group in frame.groupby(["node", "pid", "cls"], sort=False):
-        starts = init_frame.loc[(init_frame["node"] == key[0]) & (init_frame["pid"] == key[1])
-                                & (init_frame["cls"] == key[2]), "start"].sort_values().to_numpy()
-        if len(starts):
-            frame.loc[group.index, "inits_before"] = np.searchsorted(starts, group["start"].to_numpy(),
-                                                                     side="right")
-    frame = frame.sort_values(["node", "pid", "start"], kind="stable")
-    prev = frame.shift()
-    new_segment = ((frame["node"] != prev["node"]) | (frame["pid"] != prev["pid"])
-                   | (frame["cls"] != prev["cls"]) | (frame["inits_before"] != prev["inits_before"])
-                   | (frame["iterator_id"].fillna(-1) != prev["iterator_id"].fillna(-1)))
-    return new_segment.cumsum().astype("int64").reindex(calls.index)
+    found = _segments(framework)
+    by_row = pd.Series(found.segment, index=framework.index[found.rows], dtype="int64")
+    return by_row.reindex(framework.index[(framework["kind"] == fmt.KIND_GETNEXT).to_numpy()])
 
 
 def analyze_batchtime(framework: pd.DataFrame,
@@ -197,22 +240,18 @@ def analyze_batchtime(framework: pd.DataFrame,
     Each batch is attributed to the interval [this start, next start]: the time the training
     loop spent on this batch, fetch included. The last GetNext of an iterator has none.
     """
-    calls = _of_kind(framework, fmt.KIND_GETNEXT)
     columns = ["start_us", "end_us", "batch_time_s", "pid", "node", "worker_id", "segment"]
-    if calls.empty:
-        empty = pd.DataFrame(columns=columns)
-        return BatchTimeResult(0, None, empty[BATCH_OUTLIER_COLUMNS], empty)
-    segment = iterator_segments(framework)
-    batches = pd.DataFrame({"segment": segment, "start_us": calls["start_us"],
-                            "pid": calls["pid"], "node": calls["node"],
-                            "worker_id": calls["worker_id"]}).sort_values(["segment", "start_us"],
-                                                                          kind="stable")
-    next_start = batches.groupby("segment", sort=False)["start_us"].shift(-1)
-    batches["end_us"] = next_start.astype("Int64")
-    batches["batch_time_s"] = (next_start - batches["start_us"]) / 1e6
-    batches = batches.dropna(subset=["batch_time_s"]).sort_values("start_us", kind="stable")
-    batches["end_us"] = batches["end_us"].astype("int64")
-    batches = batches[columns].reset_index(drop=True)
+    found = _segments(framework)
+    has_next = found.segment[1:] == found.segment[:-1]
+    rows = found.rows[:-1][has_next]
+    start = found.start_us[:-1][has_next]
+    end = found.start_us[1:][has_next]
+    by_start = np.argsort(start, kind="stable")
+    rows, start, end = rows[by_start], start[by_start], end[by_start]
+    batches = pd.DataFrame({
+        "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
+        **{name: framework[name].array.take(rows) for name in ("pid", "node", "worker_id")},
+        "segment": found.segment[:-1][has_next][by_start]}, columns=columns)
     return BatchTimeResult(
         count=len(batches), median_s=_median(batches["batch_time_s"]),
         outliers=outliers(batches, "batch_time_s", factor)[BATCH_OUTLIER_COLUMNS],

@@ -17,6 +17,8 @@ system: one row per sample
 """
 from __future__ import annotations
 
+from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -107,15 +109,16 @@ def framework_frame(tables: list[pa.Table]) -> pd.DataFrame:
     """
     table = pa.concat_tables(tables) if tables else FRAMEWORK_ARROW_SCHEMA.empty_table()
     tables.clear()
-    columns = dict(_to_pandas(table.unify_dictionaries()).items())
+    # Arrays, not Series: Series.take would also take (copy) the index once per column.
+    columns = {name: series.values for name, series in _to_pandas(table.unify_dictionaries()).items()}
     del table
-    start = columns["start_us"].to_numpy(dtype=np.int64)
-    order = np.argsort(start, kind="stable") if len(start) and bool(np.any(np.diff(start) < 0)) else None
-    for name in list(columns):
-        column = columns[name]
-        if name in ("start_us", "end_us"):
-            column = column.to_numpy(dtype=np.int64)  # never null
-        columns[name] = column if order is None else column.take(order)
+    for name in ("start_us", "end_us"):
+        columns[name] = np.asarray(columns[name], dtype=np.int64)  # never null
+    start = columns["start_us"]
+    if len(start) and bool(np.any(start[1:] < start[:-1])):
+        order = np.argsort(start, kind="stable")
+        for name in list(columns):
+            columns[name] = columns[name].take(order)
     columns["duration_us"] = columns["end_us"] - columns["start_us"]
     columns["kind"] = _kind_of(pd.Categorical(columns["phase"]), pd.Categorical(columns["name"]))
     return pd.DataFrame({name: columns[name] for name in FRAMEWORK_COLUMNS}, copy=False)

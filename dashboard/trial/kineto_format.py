@@ -34,6 +34,8 @@ Kept events, and what they become (so the existing `classify` and analyses apply
 """
 from __future__ import annotations
 
+from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
+
 import bisect
 import hashlib
 import math

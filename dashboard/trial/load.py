@@ -1,6 +1,8 @@
 """Loading a trial: list its files, read and parse them concurrently, build the frames."""
 from __future__ import annotations
 
+from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
+
 import hashlib
 import os
 import posixpath

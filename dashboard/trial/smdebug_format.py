@@ -9,6 +9,8 @@ and the same conversion, so they cannot disagree.
 """
 from __future__ import annotations
 
+from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
+
 import gzip
 import io
 import math
@@ -213,7 +215,8 @@ def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
         body = body[1:]
     if body.endswith(b"]"):
         body = body[:-1]
-    body = body.replace(b"},\n", b"}\n").strip().rstrip(b",")
+    # "} " not "}": a replacement of equal length is about twice as fast.
+    body = body.replace(b"},\n", b"} \n").strip().rstrip(b",")
     if not body:
         return RAW_TRACE_SCHEMA.empty_table(), 0, None
     if is_utf8(body):

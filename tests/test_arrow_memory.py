@@ -1,0 +1,82 @@
+"""dashboard.arrow_memory: Arrow's allocator hands freed memory back at once, in a process
+that imports the reader first, and nothing changes anywhere else."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Allocates 2000 Arrow buffers of 64 KiB (125 MiB), frees them, and prints the resident
+# anonymous memory before, while held and after, in MiB.
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {root!r})
+    {imports}
+    import pyarrow as pa
+
+    def anon():
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("RssAnon"))
+
+    before = anon()
+    buffers = [pa.allocate_buffer(64 << 10) for _ in range(2000)]
+    held = anon()
+    del buffers
+    print(json.dumps({{"before": before, "held": held, "after": anon(),
+                      "env": os.environ.get("MIMALLOC_PURGE_DELAY")}}))
+""")
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+
+
+def probe(imports: str, env: dict | None = None) -> dict:
+    import json
+
+    environment = {k: v for k, v in os.environ.items() if k != "MIMALLOC_PURGE_DELAY"}
+    environment.update(env or {})
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=ROOT, imports=imports)], env=environment,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_reader_makes_arrow_return_freed_memory_at_once():
+    found = probe("import dashboard.trial.load")
+    assert found["held"] - found["before"] > 100  # the buffers were really resident
+    assert found["after"] - found["before"] < 20
+    assert found["env"] is None  # not left for child processes to inherit
+
+
+def test_without_it_arrow_keeps_freed_memory():
+    # The control: shows that the probe can tell the two apart.
+    found = probe("")
+    assert found["held"] - found["before"] > 100
+    assert found["after"] - found["before"] > 100
+
+
+def test_a_process_that_imported_pyarrow_first_is_left_alone():
+    found = probe("import pyarrow; import dashboard.trial.load")
+    assert found["after"] - found["before"] > 100
+    assert found["env"] is None
+
+
+def test_a_delay_chosen_in_the_environment_wins():
+    found = probe("import dashboard.trial.load", env={"MIMALLOC_PURGE_DELAY": "100000"})
+    assert found["after"] - found["before"] > 100
+    assert found["env"] == "100000"
+
+
+@pytest.mark.parametrize("module", ["dashboard.analysis", "dashboard.report", "dashboard.web",
+                                    "dashboard.trial.frames", "dashboard.api"])
+def test_every_entry_to_the_analysis_side_sets_it(module):
+    found = probe(f"import {module}")
+    assert found["after"] - found["before"] < 20
+
+
+def test_the_collector_does_not_import_pyarrow():
+    code = ("import sys; sys.path.insert(0, %r); import dashboard.collector, dashboard.collector.sink; "
+            "print('pyarrow' in sys.modules)" % ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
