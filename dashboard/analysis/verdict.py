@@ -29,7 +29,7 @@ import pandas as pd
 
 from .. import format as fmt
 from ..trial.load import host_of
-from .dataloader import DEFAULT_OUTLIER_FACTOR, iterator_classes, iterator_segments
+from .dataloader import DEFAULT_OUTLIER_FACTOR, iterator_class, iterator_segments
 
 # --- thresholds -----------------------------------------------------------------------
 
@@ -259,17 +259,16 @@ def _system_series(system: pd.DataFrame, host: str, node: str):
     if system.empty:
         empty = pd.Series(dtype="float64")
         return empty, empty, None, 0
-    nodes = system["node"].astype(str)
-    part = system[(nodes == host) | (nodes == node)]
-    kinds = part["type"].astype(str)
-    cpu = part[kinds == "cpu"]
-    names = cpu["name"].astype(str)
-    dims = cpu["dimension"].astype(str)
-    util = cpu[dims == "CPUUtilization"]
-    cores = int(names[dims == "CPUUtilization"].nunique()) or None
+    # Categorical columns compared as they are: no string copy of every sample.
+    part = system[((system["node"] == host) | (system["node"] == node)).to_numpy()]
+    kinds = part["type"]
+    cpu = part[(kinds == "cpu").to_numpy()]
+    dims = cpu["dimension"]
+    util = cpu[(dims == "CPUUtilization").to_numpy()]
+    cores = int(util["name"].nunique()) or None
     cpu_mean = util.groupby("timestamp_us")["value"].mean()
-    iowait = cpu[dims == "I/OWaitPercentage"].groupby("timestamp_us")["value"].mean()
-    gpus = int(part.loc[kinds == "gpu", "name"].astype(str).nunique())
+    iowait = cpu[(dims == "I/OWaitPercentage").to_numpy()].groupby("timestamp_us")["value"].mean()
+    gpus = int(part.loc[(kinds == "gpu").to_numpy(), "name"].nunique())
     return cpu_mean, iowait, cores, gpus
 
 
@@ -311,6 +310,14 @@ def _loaders(node_calls: pd.DataFrame, inits: pd.DataFrame, segments: list[int])
     return loaders
 
 
+def _labels(values: pd.Series, label=str, missing: str = "nan") -> pd.Series:
+    """label(str(value)) of each row, computed once per distinct value, as Python strings
+    (object dtype: a str column would copy every row into Arrow)."""
+    values = values.astype("category")
+    labels = np.array([label(str(c)) for c in values.cat.categories] + [missing], dtype=object)
+    return pd.Series(labels[values.cat.codes.to_numpy()], index=values.index, dtype=object)
+
+
 def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
     getnext_mask = framework["kind"] == fmt.KIND_GETNEXT
     if not getnext_mask.any():
@@ -318,8 +325,8 @@ def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
     segment = iterator_segments(framework)
     calls = framework[getnext_mask]
     calls = pd.DataFrame({
-        "node": calls["node"].astype(str), "pid": calls["pid"].fillna(-1).astype("int64"),
-        "cls": iterator_classes(calls["name"]).astype(str),
+        "node": _labels(calls["node"]), "pid": calls["pid"].fillna(-1).astype("int64"),
+        "cls": _labels(calls["name"], iterator_class, missing=""),
         "start_us": calls["start_us"].astype("int64"), "end_us": calls["end_us"].astype("int64"),
         "duration_us": calls["duration_us"].astype("int64"), "worker_id": calls["worker_id"],
         "num_workers": calls["num_workers"], "iterator_id": calls["iterator_id"], "segment": segment},
@@ -330,8 +337,8 @@ def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
                               .fillna(2**62).astype("int64"))  # the last: no next GetNext
     inits_all = framework[framework["kind"] == fmt.KIND_INIT]
     inits_all = pd.DataFrame({
-        "node": inits_all["node"].astype(str), "pid": inits_all["pid"].fillna(-1).astype("int64"),
-        "cls": iterator_classes(inits_all["name"]).astype(str),
+        "node": _labels(inits_all["node"]), "pid": inits_all["pid"].fillna(-1).astype("int64"),
+        "cls": _labels(inits_all["name"], iterator_class, missing=""),
         "start_us": inits_all["start_us"].astype("int64"), "end_us": inits_all["end_us"].astype("int64"),
         "duration_us": inits_all["duration_us"].astype("int64"),
         "num_workers": inits_all["num_workers"], "pin_memory": inits_all["pin_memory"]}
@@ -339,7 +346,8 @@ def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
 
     out = []
     for node, node_calls in calls.groupby("node", sort=True):
-        node_fw = framework[(framework["node"] == node).to_numpy()]
+        on_node = (framework["node"] == node).to_numpy()
+        node_fw = framework if on_node.all() else framework[on_node]  # one node: no copy
         starts, ends = _training_steps(node_fw)
         own = _own_steps(node_calls, starts, ends)
         node_calls = node_calls.assign(own_step=own, training=own >= 0)
@@ -454,8 +462,8 @@ def _persistent_workers(node: _Node) -> list[Recommendation]:
             sort=False):
         if workers is None or workers <= 0 or len(group) < 2:
             continue
-        mine = calls[(calls["pid"] == pid) & (calls["cls"] == cls)]
-        steady = mine[mine["index"] > 0]["duration_us"]
+        mine = calls.loc[(calls["pid"] == pid) & (calls["cls"] == cls), ["start_us", "duration_us", "index"]]
+        steady = mine.loc[mine["index"] > 0, "duration_us"]
         baseline = float(steady.median()) if len(steady) >= MIN_BATCHES else 0.0
         group = group.sort_values("start_us")
         next_init = list(group["start_us"].iloc[1:]) + [2**62]
@@ -721,8 +729,10 @@ def _slow_worker_by_id(node, loader, known, baseline, factor) -> Recommendation 
     fetch = fetch[fetch["worker_id"].notna()]
     by_fetch = fetch["worker_id"].nunique() >= 2
     best = None
-    for worker, mine in known.groupby(known["worker_id"].astype("int64")):
-        others_median = float(known[known["worker_id"] != worker]["duration_us"].median())
+    worker_ids = known["worker_id"].to_numpy(dtype=np.int64)
+    durations = known["duration_us"].to_numpy(dtype=np.float64)
+    for worker, mine in known.groupby(worker_ids):
+        others_median = float(np.median(durations[worker_ids != worker]))
         median = float(mine["duration_us"].median())
         on_worker = int((stalls["worker_id"] == worker).sum())
         p_value = (workers * _binomial_tail(len(stalls), on_worker, 1.0 / workers)
