@@ -9,9 +9,13 @@ and 1 GPU of system metrics every 500 ms, then measures in fresh processes:
   the dashboard's brush -> timeline callback work (server side, JSON included) for a
   window of the whole job, 30 % and 1 % of it (target <= 300 ms).
 Targets on a 2-core machine: cold <= 1.5 s, peak RSS <= 270 MB.
-If `smdebug` is importable, its PandasFrame + PT_dataloader_analysis run on the same trial.
+If `smdebug` is importable (here, or in the Python given by --reference-python), its
+PandasFrame + PT_dataloader_analysis run on the same trial, in the same run, for the ratio:
 
-    python bench/load_trial.py [--runs 5] [--batches 300000]
+    python bench/load_trial.py [--runs 5] [--batches 300000] [--reference-python PYTHON]
+
+    # the reference, in a virtual environment of its own:
+    python3 -m venv /tmp/smdebug && /tmp/smdebug/bin/pip install smdebug==1.0.34 pandas requests psutil bokeh
 """
 from __future__ import annotations
 
@@ -29,15 +33,25 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 
 def make_trial(batches: int) -> str:
+    import hashlib
+    import shutil
+
+    import dashboard.collector.writer
+    import dashboard.synthetic
     from dashboard.synthetic import write_trial
 
+    # Made again when the code that writes it changes.
+    version = hashlib.sha256(b"".join(open(module.__file__, "rb").read() for module in (
+        dashboard.synthetic, dashboard.collector.writer))).hexdigest()
     folder = os.path.join(HERE, "out", f"trial-{batches}")
     marker = os.path.join(folder, ".complete")
-    if not os.path.exists(marker):
+    if not os.path.exists(marker) or open(marker).read() != version:
+        shutil.rmtree(folder, ignore_errors=True)
         epochs = 10
         write_trial(folder, epochs=epochs, train_batches=batches // epochs, val_batches=0, num_workers=4,
                     cpus=8, gpus=1, rotate_s=60, seed=1)
-        open(marker, "w").close()
+        with open(marker, "w") as out:
+            out.write(version)
     return folder
 
 
@@ -59,6 +73,11 @@ def child(folder: str) -> None:
     result = dashboard.analyze(folder)
     cold = time.perf_counter() - t0
     peak_cold = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # What the CLI's report and the dashboard add on top: the verdict and recommendations.
+    t0 = time.perf_counter()
+    result.assessment
+    verdict_s = time.perf_counter() - t0
+    peak_verdict = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0 = time.perf_counter()
     dashboard.analyze(folder)
     warm = time.perf_counter() - t0
@@ -84,7 +103,7 @@ def child(folder: str) -> None:
             times.append(time.perf_counter() - t0)
         brush[label] = statistics.median(times)
     print(json.dumps({"imports_s": imports, "cold_s": cold, "warm_s": warm, "window_s": window_s, "brush": brush,
-                      "getnext": result.getnext.count, "events": len(result.trial.framework),
+                      "verdict_s": verdict_s, "peak_verdict_mb": peak_verdict, "getnext": result.getnext.count, "events": len(result.trial.framework),
                       "system": len(result.trial.system),
                       "peak_rss_mb": peak_cold}))
 
@@ -103,6 +122,12 @@ def reference_child(folder: str) -> None:
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
+def _smdebug_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("smdebug") is not None
+
+
 def spread(values):
     return f"median {statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f}, n={len(values)})"
 
@@ -111,6 +136,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--batches", type=int, default=300_000)
+    parser.add_argument("--reference-python", help="a Python with smdebug installed, to run the reference "
+                        "on the same trial (smdebug pins old packages: give it its own virtual environment)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--reference-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -135,18 +162,22 @@ def main() -> int:
     print(f"warm load + 4 analyses  s: {spread([r['warm_s'] for r in runs])}")
     print(f"window (10 s) query     s: {spread([r['window_s'] for r in runs])}")
     print(f"peak RSS               MB: {spread([r['peak_rss_mb'] for r in runs])}   target <= 270")
+    print(f"+ verdict, recommendations s: {spread([r['verdict_s'] for r in runs])}   (CLI report, dashboard)")
+    print(f"  peak RSS with them     MB: {spread([r['peak_verdict_mb'] for r in runs])}")
     for label in runs[0]["brush"]:
         print(f"brush -> timeline {label:>5} s: {spread([r['brush'][label] for r in runs])}   target <= 0.3")
-    try:
-        import smdebug  # noqa: F401
-    except ImportError:
-        print("smdebug not importable: reference not run (it took ~22 s and 819 MB on such a trial)")
+    reference_python = args.reference_python or (sys.executable if _smdebug_importable() else None)
+    if reference_python is None:
+        print("smdebug not importable: reference not run (see --reference-python; it took ~19-22 s and "
+              "790-820 MB on such a trial)")
     else:
-        out = subprocess.run([sys.executable, __file__, "--reference-child", folder], capture_output=True,
+        out = subprocess.run([reference_python, __file__, "--reference-child", folder], capture_output=True,
                              text=True, check=True).stdout
         ref = json.loads(out.strip().splitlines()[-1])
-        print(f"reference smdebug: {ref['cold_s']:.2f} s, {ref['peak_rss_mb']:.0f} MB; "
-              f"ratio {ref['cold_s'] / statistics.median(r['cold_s'] for r in runs):.1f}x faster")
+        cold = statistics.median(r["cold_s"] for r in runs)
+        peak = statistics.median(r["peak_rss_mb"] for r in runs)
+        print(f"reference smdebug      : {ref['cold_s']:.2f} s, peak RSS {ref['peak_rss_mb']:.0f} MB "
+              f"(one run): {ref['cold_s'] / cold:.1f}x the time, {ref['peak_rss_mb'] / peak:.1f}x the memory")
     return 0
 
 
