@@ -33,4 +33,13 @@ def _import_pyarrow_purging() -> None:
     pyarrow.default_memory_pool()
 
 
+def release_unused() -> None:
+    """Hands back the memory Arrow's allocator holds free: after a load, in a process where
+    the option could not be set (a notebook that imported pandas first), about 100 MB of a
+    600k-event load. Takes about a millisecond."""
+    import pyarrow
+
+    pyarrow.default_memory_pool().release_unused()
+
+
 _import_pyarrow_purging()

@@ -276,6 +276,8 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"
     kineto_nodes = sorted({node for table in tables[KINETO]
                            for node in table.column("node").unique().to_pylist()})
-    return Trial(path=path, framework=frames.framework_frame(tables[FRAMEWORK] + tables[KINETO]),
-                 system=frames.system_frame(tables[SYSTEM]), report=report,
-                 fingerprint=fingerprint(files), format=trial_format, kineto_nodes=tuple(kineto_nodes))
+    trial = Trial(path=path, framework=frames.framework_frame(tables[FRAMEWORK] + tables[KINETO]),
+                  system=frames.system_frame(tables[SYSTEM]), report=report,
+                  fingerprint=fingerprint(files), format=trial_format, kineto_nodes=tuple(kineto_nodes))
+    arrow_memory.release_unused()
+    return trial
