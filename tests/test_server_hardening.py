@@ -217,8 +217,8 @@ def test_two_server_processes_load_the_same_trial_at_once_and_share_one_cache_en
             results = list(pool.map(at_once, pages))
         stores = [loaded_store(r) for r in results]
         assert stores[0]["key"] == stores[1]["key"]
-        # Both read the trial (neither found it cached): the loads really ran at the same time.
-        assert [s["from_cache"] for s in stores] == [False, False]
+        # One of them read the trial; the other waited for that read (or came after it).
+        assert sorted(s["from_cache"] for s in stores) == [False, True]
         want = counts(written)
         for page, store in zip(pages, stores):
             assert shown_counts(show(page, store)) == want

@@ -250,6 +250,95 @@ def test_cache_serves_an_unchanged_trial_and_rereads_a_changed_one(tmp_path):
         second.of_kind("getnext"))
 
 
+def test_loads_of_one_trial_at_once_read_it_once(tmp_path):
+    """Four server processes (each its own cache object on the shared folder) asked for the
+    same new trial at the same moment: one reads it, the others wait and get its result."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = str(tmp_path / "trial")
+    written = synthetic.write_trial(folder, epochs=2, train_batches=30, val_batches=0, rotate_s=0.05)
+    gate = threading.Barrier(4)
+    events: dict[int, list[str]] = {n: [] for n in range(4)}
+
+    def one(n):
+        cache = TrialCache(str(tmp_path / "cache"), 64)
+
+        def progress(done, total):
+            events[n].append("read")
+            time.sleep(0.02)  # a slow disk: the read outlasts the others' arrival
+
+        gate.wait()
+        return cache.load(folder, roots=[str(tmp_path)], on_progress=progress,
+                          on_wait=lambda: events[n].append("waited"))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(4)))
+    readers = [n for n in range(4) if "read" in events[n]]
+    assert len(readers) == 1
+    assert [cached for _, _, cached in results] == [n not in readers for n in range(4)]
+    assert all(events[n] == ["waited"] for n in range(4) if n not in readers)
+    assert len({key for key, _, _ in results}) == 1
+    getnext = len(written.of_kind("getnext"))
+    assert all((trial.framework["kind"] == "getnext").sum() == getnext for _, trial, _ in results)
+    assert not [k for k in TrialCache(str(tmp_path / "cache"), 64).disk if str(k).startswith("computing:")]
+
+
+def test_a_load_waiting_for_one_that_fails_reads_the_trial_itself(tmp_path):
+    import threading
+
+    folder = str(tmp_path / "trial")
+    synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
+    first, second = (TrialCache(str(tmp_path / "cache"), 64) for _ in range(2))
+    key = first.load(folder, roots=[str(tmp_path)])[0]
+    first.disk.clear()  # the trial is new again
+    waited = threading.Event()
+    result = {}
+    with first._computing(f"trial:{key}"):  # a load of another process is reading it ...
+        def wait_then_load():
+            key, trial, cached = second.load(folder, roots=[str(tmp_path)], on_wait=waited.set)
+            result.update(key=key, trial=trial, cached=cached)
+
+        waiter = threading.Thread(target=wait_then_load, daemon=True)
+        waiter.start()
+        assert waited.wait(30)
+        assert waiter.is_alive()
+    # ... and fails: nothing cached, the lock let go.
+    waiter.join(30)
+    assert not waiter.is_alive()
+    assert result["key"] == key and result["cached"] is False and len(result["trial"].framework)
+
+
+def test_a_load_whose_process_was_killed_does_not_hold_the_trial(tmp_path):
+    import signal
+    import threading
+
+    folder = str(tmp_path / "trial")
+    synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
+    cache_dir = str(tmp_path / "cache")
+    key = TrialCache(cache_dir, 64).load(folder, roots=[str(tmp_path)])[0]
+    TrialCache(cache_dir, 64).disk.clear()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, %r); from dashboard.web.cache import TrialCache\n"
+        "with TrialCache(%r, 64)._computing(%r):\n    print('holding', flush=True); time.sleep(600)")
+        % (root, cache_dir, f"trial:{key}")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+        assert f"computing:trial:{key}" in TrialCache(cache_dir, 64).disk  # left behind by the killed load
+        result = {}
+        loader = threading.Thread(target=lambda: result.update(
+            cached=TrialCache(cache_dir, 64).load(folder, roots=[str(tmp_path)])[2]), daemon=True)
+        loader.start()
+        loader.join(30)  # not the lock's 600 s expiry
+        assert not loader.is_alive() and result["cached"] is False
+    finally:
+        holder.kill()
+
+
 def test_cache_stores_nothing_for_a_failed_or_empty_load(tmp_path):
     cache = TrialCache(str(tmp_path / "cache"), 64)
     (tmp_path / "notatrial").mkdir()

@@ -6,6 +6,10 @@ trial is served from the cache at once; a trial that changed (a running job wrot
 rotated files) has a new key and is read again, so it is never served stale. Only
 complete loads are stored; a load that fails raises before anything is written.
 
+One listing is read (and analyzed) by one process at a time, across all server processes:
+twenty users opening the same new trial at once wait for one read, and its memory, instead
+of making twenty. A lock entry in the shared cache says who is at it.
+
 The cache folder holds pickles: it must be private to the server (the default is under
 the user's cache directory, created with mode 0700).
 """
@@ -14,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import socket
 import threading
+import time
+import uuid
 from collections import OrderedDict
 from typing import Callable, Sequence
 
@@ -29,6 +36,10 @@ from ..trial.store import fingerprint, open_store
 TRIALS_FOLDER = "trials"
 JOBS_FOLDER = "jobs"
 MEMORY_ITEMS = 16  # trials, analyses, views and panels of the last few trials
+# A process that died without a word (killed) while loading holds the trial no longer than
+# this; a holder gone from this host is noticed at once.
+LOCK_EXPIRE_S = 600
+LOCK_POLL_S = 0.05
 
 Progress = Callable[[int, int], None]
 
@@ -94,6 +105,25 @@ class ForkSafeCache(diskcache.Cache):
             return super().__contains__(key)
 
 
+def _lock_token() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+
+
+def _process_alive(token: str) -> bool:
+    """Whether the process that took a lock (its token from _lock_token) still runs. A
+    process of another host (a cache folder shared over the network) counts as alive."""
+    parts = token.split(":")
+    if len(parts) != 3 or not parts[1].isdigit() or parts[0] != socket.gethostname():
+        return True  # cannot tell from here: the lock's expiry decides
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, but is not ours to signal
+    return True
+
+
 def trial_key(path: str, listing_fingerprint: str) -> str:
     return hashlib.sha256(f"{path}\0{listing_fingerprint}".encode()).hexdigest()[:32]
 
@@ -151,10 +181,13 @@ class TrialCache:
     def load(self, path: str, *, roots: Sequence[str] | None = None,
              s3_buckets: Sequence[str] | None = None, on_progress: Progress | None = None,
              on_listed: Callable[[int], None] | None = None, max_bytes: int | None = None,
-             max_events: int | None = None) -> tuple[str, Trial, bool]:
+             max_events: int | None = None,
+             on_wait: Callable[[], None] | None = None) -> tuple[str, Trial, bool]:
         """(key, trial, from_cache) for a trial path; TrialError when it cannot be read.
 
-        Lists the trial, then reads it only when this listing was not loaded before.
+        Lists the trial, then reads it only when this listing was not loaded before. While
+        another load (of any server process) reads the same listing, waits for it, calling
+        on_wait once, and returns what it read (from_cache True); if that load fails, reads.
         A trial without a single event is refused (NotATrialError), not cached; one over
         max_bytes or max_events (TrialTooLargeError) too.
         """
@@ -163,40 +196,79 @@ class TrialCache:
         if on_listed is not None:
             on_listed(len(files))
         key = trial_key(path, fingerprint(files))
-        cached = self.trial(key)
-        if cached is not None:
-            return key, cached, True
-        trial = load_trial(path, store=store, files=files, on_progress=on_progress, max_bytes=max_bytes,
-                           max_events=max_events)
-        if trial.framework.empty and trial.system.empty:
-            reasons = sorted({s.reason for s in trial.report.files_skipped})
-            raise NotATrialError(
-                f"{path}: the trial holds no events: {trial.report.files_read} file(s) read, "
-                f"{len(trial.report.files_skipped)} skipped" + (f" ({'; '.join(reasons[:3])})" if reasons else ""))
-        self._put(f"trial:{key}", trial)
-        return key, trial, False
+
+        def read() -> Trial:
+            trial = load_trial(path, store=store, files=files, on_progress=on_progress, max_bytes=max_bytes,
+                               max_events=max_events)
+            if trial.framework.empty and trial.system.empty:
+                reasons = sorted({s.reason for s in trial.report.files_skipped})
+                raise NotATrialError(
+                    f"{path}: the trial holds no events: {trial.report.files_read} file(s) read, "
+                    f"{len(trial.report.files_skipped)} skipped"
+                    + (f" ({'; '.join(reasons[:3])})" if reasons else ""))
+            return trial
+
+        trial, cached = self._once(f"trial:{key}", read, on_wait)
+        return key, trial, cached
+
+    def _once(self, name: str, compute: Callable[[], object],
+              on_wait: Callable[[], None] | None = None) -> tuple[object, bool]:
+        """(value, from_cache): the cached value `name`, else compute() stored under it.
+
+        One process computes a name at a time: the others wait for it (calling on_wait once)
+        and take its value, or compute it themselves when it failed.
+        """
+        value = self._get(name)
+        if value is not None:
+            return value, True
+        with self._computing(name, on_wait):
+            value = self._get(name)  # computed by the process this one waited for
+            if value is not None:
+                return value, True
+            value = compute()
+            self._put(name, value)
+        return value, False
+
+    @contextlib.contextmanager
+    def _computing(self, name: str, on_wait: Callable[[], None] | None = None):
+        """Held while this process computes `name`; waits while another process does."""
+        lock = f"computing:{name}"
+        token = _lock_token()
+        told = False
+        while not self.disk.add(lock, token, expire=LOCK_EXPIRE_S):
+            holder = self.disk.get(lock)
+            if holder is not None and not _process_alive(holder):
+                self._release(lock, holder)  # its process is gone: the lock with it
+                continue
+            if not told and on_wait is not None:
+                on_wait()
+                told = True
+            time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            self._release(lock, token)
+
+    def _release(self, lock: str, token: str) -> None:
+        with self.disk.transact():  # only the holder's own lock: it may have expired and been taken
+            if self.disk.get(lock) == token:
+                self.disk.delete(lock)
 
     def analysis(self, key: str, trial: Trial, node: str | None = None,
                  factor: float = DEFAULT_OUTLIER_FACTOR) -> DataLoaderAnalysis:
         """The DataLoader analysis of a cached trial (or of one node of it), computed once."""
-        name = f"analysis:{key}:{node or ''}:{factor:g}"
-        result = self._get(name)
-        if result is None:
-            result = dataloader.analyze(trial.for_node(node).framework, factor)
-            self._put(name, result)
-        return result
+        return self._once(f"analysis:{key}:{node or ''}:{factor:g}",
+                          lambda: dataloader.analyze(trial.for_node(node).framework, factor))[0]
 
     def assessment(self, key: str, trial: Trial, node: str | None = None,
                    factor: float = DEFAULT_OUTLIER_FACTOR) -> verdict.Assessment:
         """The input-bound verdict and recommendations of a cached trial (or one node of it),
         computed once."""
-        name = f"assessment:{key}:{node or ''}:{factor:g}"
-        result = self._get(name)
-        if result is None:
+        def assess() -> verdict.Assessment:
             part = trial.for_node(node)
-            result = verdict.assess(part.framework, part.system, factor)
-            self._put(name, result)
-        return result
+            return verdict.assess(part.framework, part.system, factor)
+
+        return self._once(f"assessment:{key}:{node or ''}:{factor:g}", assess)[0]
 
     def memo(self, name: str, compute: Callable[[], object]):
         """An object derived from cached data, kept in this process's memory only."""

@@ -115,6 +115,9 @@ def register_callbacks(app, context: Context) -> None:
         def listed(count):
             set_progress(("0", "1", f"Listed {count:,} files; reading…"))
 
+        def waiting():
+            set_progress(("0", "1", "Another load is reading this trial; waiting for it…"))
+
         def progress(done, total):
             now = time.monotonic()
             if done == total or now - last[0] >= PROGRESS_EVERY_S:
@@ -126,7 +129,7 @@ def register_callbacks(app, context: Context) -> None:
                 return no_update, "Type a trial path (a local folder or s3://bucket/prefix) and press Load."
             set_progress(("0", "1", f"Listing {path}…"))
             key, trial, cached = context.cache.load(path, roots=context.roots, s3_buckets=context.s3_buckets,
-                                                    on_progress=progress, on_listed=listed,
+                                                    on_progress=progress, on_listed=listed, on_wait=waiting,
                                                     max_bytes=context.max_bytes, max_events=context.max_events)
             set_progress(("1", "1", "Analyzing…"))
             node = request.get("node") or ""
