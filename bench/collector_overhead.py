@@ -47,6 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+from stats import spread, spread_iqr  # noqa: E402  (bench/, the script's own folder)
 
 MODES = ("none", "collector", "torch.profiler")
 
@@ -253,23 +254,6 @@ def _worker_record_costs(worker, spool: str, rounds: int, fetches: int) -> dict:
 
 # --- report ------------------------------------------------------------------------------------------
 
-def _med(values, digits=3) -> str:
-    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}..{max(values):.{digits}f}]"
-
-
-def _iqr(values, digits=3) -> str:
-    """Median (interquartile range; mean with its 95 % confidence interval)."""
-    ordered = sorted(values)
-    if len(ordered) >= 4:
-        q1, _, q3 = statistics.quantiles(ordered, n=4)
-    else:
-        q1, q3 = min(ordered), max(ordered)
-    mean = statistics.mean(ordered)
-    half = 1.96 * statistics.stdev(ordered) / len(ordered) ** 0.5 if len(ordered) > 1 else float("nan")
-    return (f"{statistics.median(ordered):.{digits}f} (IQR {q1:.{digits}f}..{q3:.{digits}f}; "
-            f"mean {mean:.{digits}f} +- {half:.{digits}f})")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20, help="A: rounds of paired loops")
@@ -297,10 +281,10 @@ def main() -> int:
           f"{args.rounds} rounds (trivial dataset, num_workers=0)")
     paired = _spawn("paired", args.rounds, args.paired_batches)
     report["paired"] = paired
-    print(f"  plain loop            {_iqr(paired['base_us'])} us per batch")
+    print(f"  plain loop            {spread_iqr(paired['base_us'])} us per batch")
     for mode, values in paired["overhead_us"].items():
-        print(f"  {mode:21s} +{_iqr(values)} us per batch; start {_med(paired['start_s'][mode])} s, "
-              f"stop {_med(paired['stop_s'][mode])} s (once per run)")
+        print(f"  {mode:21s} +{spread_iqr(values)} us per batch; start {spread(paired['start_s'][mode])} s, "
+              f"stop {spread(paired['stop_s'][mode])} s (once per run)")
 
     for label, loop, batches in (("B. fresh process per run, trivial loop", "trivial", args.batches),
                                  ("C. fresh process per run, 2-worker training loop", "training",
@@ -320,13 +304,13 @@ def main() -> int:
             wall_over = [100 * (w - b) / b for w, b in zip(wall, base_wall)]
             entry = {"cpu_us_per_batch": cpu, "wall_s": wall, "wall_overhead_percent": wall_over,
                      "cpu_overhead_us_per_batch": [c - b for c, b in zip(cpu, base_cpu)]}
-            line = f"  {mode:15s} cpu/batch {_med(cpu)} us   loop wall {_med(wall)} s"
+            line = f"  {mode:15s} cpu/batch {spread(cpu)} us   loop wall {spread(wall)} s"
             if mode != "none":
-                line += f"   wall vs none (same round) {_med(wall_over, 2)} %"
+                line += f"   wall vs none (same round) {spread(wall_over, 2)} %"
             sink = [r["sink_cpu_s"] / r["batches"] * 1e6 for r in runs[mode] if "sink_cpu_s" in r]
             if sink:
                 entry["sink_cpu_us_per_batch"] = sink
-                line += f"\n  {'':15s} sink process cpu/batch {_med(sink)} us (not the training process)"
+                line += f"\n  {'':15s} sink process cpu/batch {spread(sink)} us (not the training process)"
             report[loop][mode] = entry
             print(line)
 
@@ -335,7 +319,7 @@ def main() -> int:
     paired_training = _spawn("paired-training", args.training_rounds, args.epoch_batches)
     report["paired_training"] = paired_training
     for mode, values in paired_training["wall_overhead_percent"].items():
-        print(f"  {mode:21s} {_iqr(values, 2)} %")
+        print(f"  {mode:21s} {spread_iqr(values, 2)} %")
 
     costs = worker_record_costs()
     report["worker_records"] = costs

@@ -33,6 +33,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+from stats import spread  # noqa: E402  (bench/, the script's own folder)
 OUT = os.path.join(HERE, "out", "kineto")
 _TS_RE = re.compile(rb'("ts"\s*:\s*)(\d+(?:\.\d+)?)')
 
@@ -138,11 +139,6 @@ def naive_child(path: str) -> None:
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def spread(values) -> str:
-    return (f"median {statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f}, "
-            f"n={len(values)})")
-
-
 def run_child(flag: str, target: str) -> dict:
     out = subprocess.run([sys.executable, __file__, flag, target], capture_output=True, text=True,
                          check=True).stdout
@@ -179,9 +175,9 @@ def main() -> int:
         runs = [run_child("--child", folder) for _ in range(args.runs)]
         counts = {r["getnext"] for r in runs}
         status = "ok" if counts == {expected} else f"MISMATCH {counts} != {expected}"
-        print(f"{label:5}: load_trial s {spread([r['load_s'] for r in runs])}; "
-              f"+ analyze s {spread([r['total_s'] for r in runs])}; "
-              f"peak RSS MB {spread([r['peak_rss_mb'] for r in runs])} (after imports: "
+        print(f"{label:5}: load_trial s {spread([r['load_s'] for r in runs], 2)}; "
+              f"+ analyze s {spread([r['total_s'] for r in runs], 2)}; "
+              f"peak RSS MB {spread([r['peak_rss_mb'] for r in runs], 2)} (after imports: "
               f"{statistics.median(r['rss_after_import_mb'] for r in runs):.0f}); GetNext count {status}")
     if args.naive:
         path = os.path.join(plain_dir, os.listdir(plain_dir)[0])

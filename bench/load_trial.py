@@ -30,6 +30,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from stats import spread  # noqa: E402  (bench/, the script's own folder)
 
 
 def make_trial(batches: int) -> str:
@@ -126,10 +127,6 @@ def _smdebug_importable() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("smdebug") is not None
-
-
-def spread(values):
-    return f"median {statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f}, n={len(values)})"
 
 
 def main() -> int:

@@ -22,7 +22,6 @@ from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .. import format as fmt
 
