@@ -99,7 +99,7 @@ def test_zero_median_does_not_flag_everything():
 
 
 def test_outlier_factor_is_a_parameter(tmp_path):
-    synthetic = write_trial(str(tmp_path), slow_batches={(0, 3): 3_000}, getnext_us=(1000, 1000))
+    write_trial(str(tmp_path), slow_batches={(0, 3): 3_000}, getnext_us=(1000, 1000))
     assert len(dashboard.analyze(str(tmp_path)).getnext.outliers) == 1
     assert len(dashboard.analyze(str(tmp_path), outlier_factor=4).getnext.outliers) == 0
 

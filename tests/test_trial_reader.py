@@ -6,7 +6,6 @@ import gzip
 import json
 import os
 import shutil
-import statistics
 
 import pytest
 
