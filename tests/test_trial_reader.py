@@ -191,3 +191,99 @@ def test_errors_name_the_path(tmp_path):
     with pytest.raises(TrialAccessError, match="outside the allowed data roots"):
         load_trial(str(tmp_path / "t"), roots=[str(tmp_path / "other")])
     assert load_trial(str(tmp_path / "t"), roots=[str(tmp_path)]).framework.shape[0] > 0
+
+
+# --- reloading a running job's trial: only new or changed files are read ---------------------------
+
+class CountingStore:
+    """A real local store that also records which files the load read."""
+
+    def __init__(self, path):
+        from dashboard.trial.store import LocalStore
+
+        self.local = LocalStore(path)
+        self.reads: list[str] = []
+        self.skipped = self.local.skipped
+
+    def list(self):
+        return self.local.list()
+
+    def read(self, key):
+        self.reads.append(key)
+        return self.local.read(key)
+
+
+def _frame_rows(trial):
+    return sorted(map(tuple, trial.framework.astype(str).to_numpy().tolist()))
+
+
+def test_a_reload_reads_only_new_and_changed_files(tmp_path):
+    folder = str(tmp_path / "trial")
+    first = write_trial(folder, epochs=2, train_batches=20, val_batches=0, rotate_s=0.05)
+    file_cache: dict = {}
+    store = CountingStore(folder)
+    loaded = load_trial(folder, store=store, file_cache=file_cache)
+    files = len(store.local.list())
+    assert len(store.reads) == files and file_cache
+
+    store = CountingStore(folder)  # unchanged: nothing is read
+    again = load_trial(folder, store=store, file_cache=file_cache)
+    assert store.reads == []
+    assert _frame_rows(again) == _frame_rows(loaded)
+    assert again.report.to_dict() == loaded.report.to_dict()
+    assert len(again.system) == len(loaded.system)
+
+    # The job goes on: new files appear (and the current minute's system file grows).
+    listing = {(info.key, info.size, info.version) for info in store.local.list()}
+    before = {key for key, _, _ in listing}
+    write_trial(folder, epochs=1, train_batches=15, val_batches=0, main_pid=40_000, rotate_s=0.05,
+                start_us=first.events[-1].end_us + 1_000_000)
+    new_or_changed = {key for key, _, _ in {(i.key, i.size, i.version) for i in store.local.list()} - listing}
+    assert new_or_changed - before and len(new_or_changed) < len(before)
+    store = CountingStore(folder)
+    grown = load_trial(folder, store=store, file_cache=file_cache)
+    assert set(store.reads) == new_or_changed
+    assert _frame_rows(grown) == _frame_rows(load_trial(folder))  # as a load from scratch
+
+    # A file rewritten in place (a new version) is read again; the others are not.
+    changed = sorted(k for k in before if k.startswith("framework/"))[0]
+    path = os.path.join(folder, changed)
+    with open(path) as handle:
+        text = handle.read()
+    with open(path, "w") as handle:
+        handle.write(text.replace('"dur": ', '"dur": 1', 1))
+    store = CountingStore(folder)
+    rewritten = load_trial(folder, store=store, file_cache=file_cache)
+    assert store.reads == [changed]
+    assert _frame_rows(rewritten) == _frame_rows(load_trial(folder))
+
+
+def test_files_taken_from_the_cache_still_count_against_the_limits(tmp_path):
+    from dashboard.trial.errors import TrialTooLargeError
+
+    folder = str(tmp_path / "trial")
+    write_trial(folder, epochs=2, train_batches=20, val_batches=0)
+    file_cache: dict = {}
+    events = len(load_trial(folder, file_cache=file_cache).framework)
+    with pytest.raises(TrialTooLargeError, match="events"):
+        load_trial(folder, file_cache=file_cache, max_events=events // 2)
+    with pytest.raises(TrialTooLargeError):
+        load_trial(folder, file_cache=file_cache, max_bytes=1000)
+
+
+def test_a_failed_load_leaves_nothing_in_the_file_cache(tmp_path):
+    from dashboard.trial.errors import TrialError
+
+    folder = str(tmp_path / "trial")
+    write_trial(folder, epochs=2, train_batches=20, val_batches=0, rotate_s=0.05)
+
+    class FailingStore(CountingStore):
+        def read(self, key):
+            if len(self.reads) >= 5:
+                raise TrialError(f"{folder}: cannot reach the store")
+            return super().read(key)
+
+    file_cache: dict = {}
+    with pytest.raises(TrialError, match="cannot reach"):
+        load_trial(folder, store=FailingStore(folder), file_cache=file_cache, threads=1)
+    assert file_cache == {}

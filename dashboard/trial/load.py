@@ -10,7 +10,7 @@ import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, MutableMapping, Sequence
 
 import pandas as pd
 
@@ -169,35 +169,62 @@ class _LoadGuard:
         raise error
 
 
-def _parse_one(store: Store, key: str, kind: str, node: str,
-               guard: _LoadGuard) -> tuple[ParsedFile, bytes | None]:
-    """The parsed file and a digest of its content (None when it could not be read)."""
+@dataclass(frozen=True)
+class _ParsedEntry:
+    """A file's parse, kept in a load's file_cache for the next load of the same trial."""
+    parsed: ParsedFile
+    digest: bytes
+    nbytes: int  # as counted against max_bytes
+
+
+def _file_cache_key(path: str, info: FileInfo) -> str:
+    """Names one version of one file of one trial: a file whose size or version (ETag,
+    mtime) changed is another entry."""
+    identity = f"{path}\0{info.key}\0{info.size}\0{info.version}".encode()
+    return "parsed:" + hashlib.sha256(identity).hexdigest()
+
+
+def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
+               file_cache: MutableMapping | None, cache_key: str | None,
+               ) -> tuple[ParsedFile, bytes | None, _ParsedEntry | None]:
+    """The parsed file, a digest of its content (None when it could not be read), and what
+    to keep in file_cache once the whole load succeeds (None: nothing new worth keeping)."""
     guard.check()  # another file failed the load: read no more
+    key = info.key
     try:
+        entry = file_cache.get(cache_key) if cache_key is not None else None
+        if isinstance(entry, _ParsedEntry):  # unchanged since a load that read it: not read again
+            guard.add_bytes(entry.nbytes)
+            guard.add_events(entry.digest, entry.parsed.table.num_rows if entry.parsed.table is not None else 0)
+            return entry.parsed, entry.digest, None
         try:
             data = store.read(key)
         except FileOutsideTrialError:
-            return ParsedFile(None, error="refused: links outside the trial folder"), None
+            return ParsedFile(None, error="refused: links outside the trial folder"), None, None
         except OSError as exc:
-            return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}"), None
+            return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}"), None, None
         if kind != KINETO:  # Kineto traces (100s of MB) are decompressed and checked as scanned
             try:
                 data = decompress(key, data, max_size=guard.max_bytes)
             except (OSError, EOFError, zlib.error) as exc:
-                return ParsedFile(None, error=f"not a valid gzip file ({exc})"), None
+                return ParsedFile(None, error=f"not a valid gzip file ({exc})"), None, None
             except TrialTooLargeError as exc:
                 guard.too_large(str(exc))
             if not data.strip():
-                return ParsedFile(None, error="empty file"), None
-        guard.add_bytes(len(data))
+                return ParsedFile(None, error="empty file"), None, None
+        nbytes = len(data)
+        guard.add_bytes(nbytes)
         digest = hashlib.sha256(data).digest()
         # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
         # parses than cores at once only multiplies the memory held by half-parsed files.
         with _PARSE_SLOTS:
             guard.check()
             parsed = _PARSERS[kind](data, node)
+        del data
         guard.add_events(digest, parsed.table.num_rows if parsed.table is not None else 0)
-        return parsed, digest
+        # Only files with events are worth keeping: the rest are cheap to read again.
+        keep = _ParsedEntry(parsed, digest, nbytes) if cache_key is not None and parsed.table is not None else None
+        return parsed, digest, keep
     except TrialError as exc:  # S3 unreachable, access denied, over a limit: fails the load
         guard.fail(exc)
         raise
@@ -207,7 +234,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
                s3_buckets: Sequence[str] | None = None, max_bytes: int | None = None,
                max_events: int | None = None, threads: int | None = None,
                on_progress: Progress | None = None, store: Store | None = None,
-               files: list[FileInfo] | None = None) -> Trial:
+               files: list[FileInfo] | None = None, file_cache: MutableMapping | None = None) -> Trial:
     """Read a trial from a local folder or `s3://bucket/prefix`.
 
     Raises a TrialError subclass naming the path when the trial cannot be read; bad
@@ -217,6 +244,9 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     max_bytes: refuse (TrialTooLargeError) a trial whose files hold more bytes, as listed
         or once decompressed. max_events: refuse a trial with more framework events and
         system samples; counted while parsing, so that the load stops early.
+    file_cache: a mapping (a dict, a diskcache.Cache) that keeps each file's parse between
+        loads: a file whose size and version (ETag, mtime) are unchanged is taken from it, not
+        read again, so that reloading a running job's trial reads only its new files.
     """
     store = store or open_store(path, roots=roots, s3_client=s3_client, s3_buckets=s3_buckets)
     files = store.list() if files is None else files
@@ -245,12 +275,17 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     tables: dict[str, list] = {FRAMEWORK: [], SYSTEM: [], KINETO: []}
     guard = _LoadGuard(path, max_bytes, max_events)
     first_copy: dict[bytes, str] = {}  # content digest -> key of the first file holding it
+    fresh: dict[str, _ParsedEntry] = {}  # parses new to file_cache
     pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(jobs))))
-    futures = [pool.submit(_parse_one, store, info.key, kind, node, guard) for info, kind, node in jobs]
+    cache_keys = [_file_cache_key(path, info) if file_cache is not None else None for info, _, _ in jobs]
+    futures = [pool.submit(_parse_one, store, info, kind, node, guard, file_cache, cache_key)
+               for (info, kind, node), cache_key in zip(jobs, cache_keys)]
     try:
-        for done, ((info, kind, _), future) in enumerate(zip(jobs, futures), 1):
+        for done, ((info, kind, _), cache_key, future) in enumerate(zip(jobs, cache_keys, futures), 1):
             # A TrialError (S3 gone, access denied, over a limit) fails the load.
-            parsed, digest = future.result()
+            parsed, digest, keep = future.result()
+            if keep is not None:
+                fresh[cache_key] = keep
             original = first_copy.setdefault(digest, info.key) if digest is not None else info.key
             if original != info.key:
                 report.files_skipped.append(SkippedFile(info.key, f"duplicate of {original}"))
@@ -272,6 +307,11 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+    # Kept only now that the whole load succeeded (a failed load leaves nothing behind), and
+    # before the frames are built, which free the parsed tables as they go.
+    for cache_key, keep in fresh.items():
+        file_cache[cache_key] = keep
+    fresh.clear()
     kinds = {kind for _, kind, _ in jobs}
     trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"
     kineto_nodes = sorted({node for table in tables[KINETO]

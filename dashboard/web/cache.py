@@ -6,6 +6,9 @@ trial is served from the cache at once; a trial that changed (a running job wrot
 rotated files) has a new key and is read again, so it is never served stale. Only
 complete loads are stored; a load that fails raises before anything is written.
 
+Each file's parse is cached too, by its key, size and version: when a running job adds
+files, a reload reads only those.
+
 One listing is read (and analyzed) by one process at a time, across all server processes:
 twenty users opening the same new trial at once wait for one read, and its memory, instead
 of making twenty. A lock entry in the shared cache says who is at it.
@@ -199,7 +202,7 @@ class TrialCache:
 
         def read() -> Trial:
             trial = load_trial(path, store=store, files=files, on_progress=on_progress, max_bytes=max_bytes,
-                               max_events=max_events)
+                               max_events=max_events, file_cache=self.disk)
             if trial.framework.empty and trial.system.empty:
                 reasons = sorted({s.reason for s in trial.report.files_skipped})
                 raise NotATrialError(
