@@ -100,3 +100,48 @@ def test_s3_listing_is_paginated(s3_client, s3_endpoint, tmp_path):
     trial = dashboard.load_trial("s3://many/p")
     assert trial.report.files_read == len(synthetic.framework_files)
     assert (trial.framework["kind"] == "getnext").sum() == len(synthetic.of_kind("getnext"))
+
+
+def test_s3_reload_downloads_only_new_and_changed_objects(s3_client, s3_endpoint, tmp_path):
+    """The file cache keys S3 objects by ETag: a reload after the job uploads more reads only
+    the new objects and the ones rewritten."""
+    from dashboard.trial.load import load_trial
+    from dashboard.trial.store import open_store
+
+    folder = str(tmp_path / "trial")
+    first = write_trial(folder, epochs=2, train_batches=20, val_batches=0, rotate_s=0.05)
+    upload_folder(s3_client, folder, "live", "job/profiler-output")
+    path = "s3://live/job/profiler-output"
+
+    class Counting:
+        def __init__(self):
+            self.store, self.reads = open_store(path), []
+            self.skipped = self.store.skipped
+
+        def list(self):
+            return self.store.list()
+
+        def read(self, key):
+            self.reads.append(key)
+            return self.store.read(key)
+
+    file_cache: dict = {}
+    counting = Counting()
+    loaded = load_trial(path, store=counting, file_cache=file_cache)
+    assert len(counting.reads) == len(counting.list())
+    counting = Counting()
+    assert len(load_trial(path, store=counting, file_cache=file_cache).framework) == len(loaded.framework)
+    assert counting.reads == []
+
+    etags = {info.key: info.version for info in counting.list()}
+    write_trial(folder, epochs=1, train_batches=15, val_batches=0, main_pid=40_000, rotate_s=0.05,
+                start_us=first.events[-1].end_us + 1_000_000)
+    upload_folder(s3_client, folder, "live", "job/profiler-output")  # every file again: same ETag if unchanged
+    changed = {info.key for info in counting.list() if etags.get(info.key) != info.version}
+    assert changed and len(changed) < len(counting.list())
+    counting = Counting()
+    grown = load_trial(path, store=counting, file_cache=file_cache)
+    assert set(counting.reads) == changed
+    fresh = load_trial(path)
+    assert sorted(grown.framework["start_us"]) == sorted(fresh.framework["start_us"])
+    assert len(grown.system) == len(fresh.system)
