@@ -75,3 +75,18 @@ def upload_folder(client, folder: str, bucket: str, prefix: str) -> None:
             full = os.path.join(dirpath, name)
             key = prefix.rstrip("/") + "/" + os.path.relpath(full, folder).replace(os.sep, "/")
             client.upload_file(full, bucket, key)
+
+
+class CountingStore:
+    """A real store (local or S3) that also records which files a load read."""
+
+    def __init__(self, store):
+        self.store, self.reads = store, []
+        self.skipped = store.skipped
+
+    def list(self):
+        return self.store.list()
+
+    def read(self, key):
+        self.reads.append(key)
+        return self.store.read(key)

@@ -12,7 +12,7 @@ import pytest
 import dashboard
 from dashboard.synthetic import write_trial
 from dashboard.trial.errors import NotATrialError, TrialNotFoundError
-from tests.conftest import ROOT, upload_folder
+from tests.conftest import ROOT, CountingStore, upload_folder
 
 
 def run_app(*args, env=None):
@@ -113,35 +113,26 @@ def test_s3_reload_downloads_only_new_and_changed_objects(s3_client, s3_endpoint
     upload_folder(s3_client, folder, "live", "job/profiler-output")
     path = "s3://live/job/profiler-output"
 
-    class Counting:
-        def __init__(self):
-            self.store, self.reads = open_store(path), []
-            self.skipped = self.store.skipped
-
-        def list(self):
-            return self.store.list()
-
-        def read(self, key):
-            self.reads.append(key)
-            return self.store.read(key)
+    def fresh_store():
+        return CountingStore(open_store(path))
 
     file_cache: dict = {}
-    counting = Counting()
-    loaded = load_trial(path, store=counting, file_cache=file_cache)
-    assert len(counting.reads) == len(counting.list())
-    counting = Counting()
-    assert len(load_trial(path, store=counting, file_cache=file_cache).framework) == len(loaded.framework)
-    assert counting.reads == []
+    store = fresh_store()
+    loaded = load_trial(path, store=store, file_cache=file_cache)
+    assert len(store.reads) == len(store.list())
+    store = fresh_store()
+    assert len(load_trial(path, store=store, file_cache=file_cache).framework) == len(loaded.framework)
+    assert store.reads == []
 
-    etags = {info.key: info.version for info in counting.list()}
+    etags = {info.key: info.version for info in store.list()}
     write_trial(folder, epochs=1, train_batches=15, val_batches=0, main_pid=40_000, rotate_s=0.05,
                 start_us=first.events[-1].end_us + 1_000_000)
     upload_folder(s3_client, folder, "live", "job/profiler-output")  # every file again: same ETag if unchanged
-    changed = {info.key for info in counting.list() if etags.get(info.key) != info.version}
-    assert changed and len(changed) < len(counting.list())
-    counting = Counting()
-    grown = load_trial(path, store=counting, file_cache=file_cache)
-    assert set(counting.reads) == changed
+    changed = {info.key for info in store.list() if etags.get(info.key) != info.version}
+    assert changed and len(changed) < len(store.list())
+    store = fresh_store()
+    grown = load_trial(path, store=store, file_cache=file_cache)
+    assert set(store.reads) == changed
     fresh = load_trial(path)
     assert sorted(grown.framework["start_us"]) == sorted(fresh.framework["start_us"])
     assert len(grown.system) == len(fresh.system)

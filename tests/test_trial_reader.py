@@ -14,6 +14,7 @@ from dashboard import format as fmt
 from dashboard.synthetic import write_trial
 from dashboard.trial.errors import NotATrialError, TrialAccessError, TrialNotFoundError
 from dashboard.trial.load import load_trial
+from tests.conftest import CountingStore
 
 
 def framework_files(folder):
@@ -195,22 +196,10 @@ def test_errors_name_the_path(tmp_path):
 
 # --- reloading a running job's trial: only new or changed files are read ---------------------------
 
-class CountingStore:
-    """A real local store that also records which files the load read."""
+def counting(folder):
+    from dashboard.trial.store import LocalStore
 
-    def __init__(self, path):
-        from dashboard.trial.store import LocalStore
-
-        self.local = LocalStore(path)
-        self.reads: list[str] = []
-        self.skipped = self.local.skipped
-
-    def list(self):
-        return self.local.list()
-
-    def read(self, key):
-        self.reads.append(key)
-        return self.local.read(key)
+    return CountingStore(LocalStore(folder))
 
 
 def _frame_rows(trial):
@@ -221,12 +210,12 @@ def test_a_reload_reads_only_new_and_changed_files(tmp_path):
     folder = str(tmp_path / "trial")
     first = write_trial(folder, epochs=2, train_batches=20, val_batches=0, rotate_s=0.05)
     file_cache: dict = {}
-    store = CountingStore(folder)
+    store = counting(folder)
     loaded = load_trial(folder, store=store, file_cache=file_cache)
-    files = len(store.local.list())
+    files = len(store.list())
     assert len(store.reads) == files and file_cache
 
-    store = CountingStore(folder)  # unchanged: nothing is read
+    store = counting(folder)  # unchanged: nothing is read
     again = load_trial(folder, store=store, file_cache=file_cache)
     assert store.reads == []
     assert _frame_rows(again) == _frame_rows(loaded)
@@ -234,13 +223,13 @@ def test_a_reload_reads_only_new_and_changed_files(tmp_path):
     assert len(again.system) == len(loaded.system)
 
     # The job goes on: new files appear (and the current minute's system file grows).
-    listing = {(info.key, info.size, info.version) for info in store.local.list()}
+    listing = {(info.key, info.size, info.version) for info in store.list()}
     before = {key for key, _, _ in listing}
     write_trial(folder, epochs=1, train_batches=15, val_batches=0, main_pid=40_000, rotate_s=0.05,
                 start_us=first.events[-1].end_us + 1_000_000)
-    new_or_changed = {key for key, _, _ in {(i.key, i.size, i.version) for i in store.local.list()} - listing}
+    new_or_changed = {key for key, _, _ in {(i.key, i.size, i.version) for i in store.list()} - listing}
     assert new_or_changed - before and len(new_or_changed) < len(before)
-    store = CountingStore(folder)
+    store = counting(folder)
     grown = load_trial(folder, store=store, file_cache=file_cache)
     assert set(store.reads) == new_or_changed
     assert _frame_rows(grown) == _frame_rows(load_trial(folder))  # as a load from scratch
@@ -252,7 +241,7 @@ def test_a_reload_reads_only_new_and_changed_files(tmp_path):
         text = handle.read()
     with open(path, "w") as handle:
         handle.write(text.replace('"dur": ', '"dur": 1', 1))
-    store = CountingStore(folder)
+    store = counting(folder)
     rewritten = load_trial(folder, store=store, file_cache=file_cache)
     assert store.reads == [changed]
     assert _frame_rows(rewritten) == _frame_rows(load_trial(folder))
@@ -283,7 +272,10 @@ def test_a_failed_load_leaves_nothing_in_the_file_cache(tmp_path):
                 raise TrialError(f"{folder}: cannot reach the store")
             return super().read(key)
 
+    from dashboard.trial.store import LocalStore
+
+
     file_cache: dict = {}
     with pytest.raises(TrialError, match="cannot reach"):
-        load_trial(folder, store=FailingStore(folder), file_cache=file_cache, threads=1)
+        load_trial(folder, store=FailingStore(LocalStore(folder)), file_cache=file_cache, threads=1)
     assert file_cache == {}
