@@ -751,3 +751,31 @@ def test_size_limit_options_and_their_defaults(monkeypatch, tmp_path):
     monkeypatch.setattr(dash.Dash, "run", lambda self, **kwargs: None)
     assert entry.main(["--cache-dir", str(tmp_path / "c"), "--max-trial-mb", "3", "--max-events", "99"]) == 0
     assert (contexts[-1].max_bytes, contexts[-1].max_events) == (3_000_000, 99)
+
+
+def test_entries_an_older_version_pickled_are_read_again_not_a_crash(tmp_path, monkeypatch):
+    """A server upgraded over an old cache folder: entries that no longer unpickle are misses."""
+    import importlib
+
+    import diskcache
+
+    folder = str(tmp_path / "trial")
+    written = synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
+    cache_dir = str(tmp_path / "cache")
+    key, _, _ = TrialCache(cache_dir, 64).load(folder, roots=[str(tmp_path)])
+    # Every entry replaced by an object of a module that is gone by the time it is read.
+    (tmp_path / "old_release.py").write_text("class Entry:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    old_release = importlib.import_module("old_release")
+    with diskcache.Cache(os.path.join(cache_dir, "trials")) as disk:
+        names = list(disk)
+        assert any(str(n).startswith("parsed:") for n in names) and f"trial:{key}" in names
+        for name in names:
+            disk.set(name, old_release.Entry())
+    (tmp_path / "old_release.py").unlink()
+    monkeypatch.delitem(sys.modules, "old_release")
+    with pytest.raises(ModuleNotFoundError):
+        diskcache.Cache(os.path.join(cache_dir, "trials")).get(f"trial:{key}")  # really unreadable
+    key2, trial, cached = TrialCache(cache_dir, 64).load(folder, roots=[str(tmp_path)])
+    assert key2 == key and cached is False
+    assert (trial.framework["kind"] == "getnext").sum() == len(written.of_kind("getnext"))

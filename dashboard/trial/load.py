@@ -184,6 +184,14 @@ def _file_cache_key(path: str, info: FileInfo) -> str:
     return "parsed:" + hashlib.sha256(identity).hexdigest()
 
 
+def _cached_parse(file_cache: MutableMapping, cache_key: str) -> _ParsedEntry | None:
+    try:
+        entry = file_cache.get(cache_key)
+    except Exception:  # noqa: BLE001 - an entry an older version pickled, or a damaged one: read the file
+        return None
+    return entry if isinstance(entry, _ParsedEntry) else None
+
+
 def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
                file_cache: MutableMapping | None, cache_key: str | None,
                ) -> tuple[ParsedFile, bytes | None, _ParsedEntry | None]:
@@ -192,8 +200,8 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
     guard.check()  # another file failed the load: read no more
     key = info.key
     try:
-        entry = file_cache.get(cache_key) if cache_key is not None else None
-        if isinstance(entry, _ParsedEntry):  # unchanged since a load that read it: not read again
+        entry = _cached_parse(file_cache, cache_key) if cache_key is not None else None
+        if entry is not None:  # unchanged since a load that read it: not read again
             guard.add_bytes(entry.nbytes)
             guard.add_events(entry.digest, entry.parsed.table.num_rows if entry.parsed.table is not None else 0)
             return entry.parsed, entry.digest, None

@@ -168,7 +168,10 @@ class TrialCache:
     def _get(self, key: str):
         value = self.memory.get(key)
         if value is None:
-            value = self.disk.get(key)
+            try:
+                value = self.disk.get(key)
+            except Exception:  # noqa: BLE001 - pickled by an older version, or damaged: computed again
+                value = None
             if value is not None:
                 self.memory.put(key, value)
         return value
