@@ -315,8 +315,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
-    # Kept only now that the whole load succeeded (a failed load leaves nothing behind), and
-    # before the frames are built, which free the parsed tables as they go.
+    # Kept only now that the whole load succeeded: a failed load leaves nothing behind.
     for cache_key, keep in fresh.items():
         file_cache[cache_key] = keep
     fresh.clear()
