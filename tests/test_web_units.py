@@ -8,6 +8,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -310,9 +311,14 @@ def test_a_load_waiting_for_one_that_fails_reads_the_trial_itself(tmp_path):
     assert result["key"] == key and result["cached"] is False and len(result["trial"].framework)
 
 
-def test_a_load_whose_process_was_killed_does_not_hold_the_trial(tmp_path):
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_a_load_whose_process_was_killed_does_not_hold_the_trial(tmp_path, reaped):
+    """Killed, as Dash kills a cancelled background load: whether or not its parent has
+    reaped it yet (a zombie still has its pid), the lock it left is taken over at once."""
     import signal
     import threading
+
+    import psutil
 
     folder = str(tmp_path / "trial")
     synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
@@ -327,7 +333,13 @@ def test_a_load_whose_process_was_killed_does_not_hold_the_trial(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "holding"
         holder.send_signal(signal.SIGKILL)
-        holder.wait(30)
+        if reaped:
+            holder.wait(30)
+        else:
+            wait_for = time.time() + 30
+            while psutil.Process(holder.pid).status() != psutil.STATUS_ZOMBIE and time.time() < wait_for:
+                time.sleep(0.05)
+            assert psutil.Process(holder.pid).status() == psutil.STATUS_ZOMBIE
         assert f"computing:trial:{key}" in TrialCache(cache_dir, 64).disk  # left behind by the killed load
         result = {}
         loader = threading.Thread(target=lambda: result.update(

@@ -114,17 +114,19 @@ def _lock_token() -> str:
 
 def _process_alive(token: str) -> bool:
     """Whether the process that took a lock (its token from _lock_token) still runs. A
-    process of another host (a cache folder shared over the network) counts as alive."""
+    process of another host (a cache folder shared over the network) counts as alive; a
+    killed one not yet reaped by its parent (a zombie: a cancelled background load) does not."""
+    import psutil
+
     parts = token.split(":")
     if len(parts) != 3 or not parts[1].isdigit() or parts[0] != socket.gethostname():
         return True  # cannot tell from here: the lock's expiry decides
     try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
+        return psutil.Process(int(parts[1])).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except OSError:
-        return True  # it exists, but is not ours to signal
-    return True
+    except psutil.Error:
+        return True  # it exists, but cannot be inspected
 
 
 def trial_key(path: str, listing_fingerprint: str) -> str:
