@@ -38,10 +38,11 @@ from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there
 
 import bisect
 import hashlib
+import itertools
 import math
 import re
 import zlib
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import orjson
 import pyarrow as pa
@@ -183,46 +184,45 @@ class _Scanner:
                             ts, dur))
 
 
-def _chunks(data: bytes, gz: bool) -> Iterator[bytes]:
-    if gz:
-        yield from _gunzip(data)
-    else:
-        yield data
+def _decoded(pieces: Iterable[bytes], gz: bool) -> Iterator[bytes]:
+    return _gunzip(pieces) if gz else iter(pieces)
 
 
-def _gunzip(data: bytes) -> Iterator[bytes]:
-    """The decompressed bytes of a gzip file (members concatenated), CHUNK_BYTES at most at a
-    time. A stream that breaks off raises EOFError after yielding all it had; a file that is
-    not gzip raises zlib.error before yielding anything."""
-    view = memoryview(data)
+def _gunzip(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """The decompressed bytes of gzip data read in pieces (members concatenated), CHUNK_BYTES
+    at most at a time. A stream that breaks off raises EOFError after yielding all it had;
+    data that is not gzip raises zlib.error before yielding anything."""
     step = max(1, CHUNK_BYTES // 8)
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    for pos in range(0, len(view), step):
-        pending = view[pos:pos + step]
-        while pending:
-            out = inflater.decompress(pending, CHUNK_BYTES)
-            if out:
-                yield out
-            if inflater.eof:  # a member ends; another may follow
-                pending = inflater.unused_data
-                if pending:
-                    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-            else:
-                pending = inflater.unconsumed_tail
+    for piece in pieces:
+        view = memoryview(piece)
+        for pos in range(0, len(view), step):
+            pending = view[pos:pos + step]
+            while pending:
+                out = inflater.decompress(pending, CHUNK_BYTES)
+                if out:
+                    yield out
+                if inflater.eof:  # a member ends; another may follow
+                    pending = inflater.unused_data
+                    if pending:
+                        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                else:
+                    pending = inflater.unconsumed_tail
     if not inflater.eof:
         raise EOFError("compressed file ended before the end-of-stream marker was reached")
 
 
-def _scan(data: bytes, gz: bool) -> _Scanner:
-    """Scans the trace; a gzip stream that breaks off mid-way keeps what came before it."""
+def _scan(pieces: Iterable[bytes], gz: bool) -> _Scanner:
+    """Scans the trace; a gzip stream that breaks off mid-way keeps what came before it.
+    Errors of reading the pieces (OSError, TrialError) are the caller's."""
     scanner = _Scanner()
     carry, offset, resume = b"", 0, 0
-    chunks = _chunks(data, gz)
+    chunks = _decoded(pieces, gz)
     pending = next(chunks, b"")  # a file that is not gzip at all raises here
     while True:
         try:
             following = next(chunks, None)
-        except (OSError, EOFError, zlib.error) as exc:
+        except (EOFError, zlib.error) as exc:
             following, scanner.stream_error = None, str(exc)
         final = following is None
         if len(scanner.head) < _EDGE_BYTES:
@@ -287,10 +287,18 @@ def parse_kineto_file(data: bytes, key: str) -> ParsedFile:
 
     `data` is the file as stored (gzip-compressed when `key` ends with .gz).
     """
-    gz = key.endswith(".gz") or data[:2] == b"\x1f\x8b"  # (a .gz renamed without its suffix too)
+    return parse_kineto_pieces([data], key)
+
+
+def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
+    """parse_kineto_file of a file read in pieces (store.iter_chunks): only a few MB of it
+    are in memory at a time, however large the trace. Errors of reading the pieces pass."""
+    pieces = iter(pieces)
+    first = next(pieces, b"")
+    gz = key.endswith(".gz") or first[:2] == b"\x1f\x8b"  # (a .gz renamed without its suffix too)
     try:
-        scanner = _scan(data, gz)
-    except (OSError, EOFError, zlib.error) as exc:
+        scanner = _scan(itertools.chain([first], pieces), gz)
+    except (EOFError, zlib.error) as exc:
         return ParsedFile(None, error=f"not a valid gzip file ({exc})")
     if not scanner.head.strip():
         return ParsedFile(None, error="empty file")

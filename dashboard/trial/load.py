@@ -10,7 +10,7 @@ import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, MutableMapping, Sequence
+from typing import Callable, Iterable, Iterator, MutableMapping, Sequence
 
 import pandas as pd
 
@@ -18,7 +18,7 @@ from .. import format as fmt
 from . import frames
 from .errors import FileOutsideTrialError, NotATrialError, TrialError, TrialTooLargeError, size_text
 from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
-from .kineto_format import is_kineto_key, parse_kineto_file
+from .kineto_format import is_kineto_key, parse_kineto_pieces
 from .smdebug_format import ParsedFile, decompress, parse_system_file, parse_trace_file
 from .store import READ_THREADS, FileInfo, S3Store, Store, fingerprint, open_store
 
@@ -122,7 +122,7 @@ def classify_key(key: str) -> tuple[str, str] | None:
 
 
 _PARSE_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 2)
-_PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file, KINETO: parse_kineto_file}
+_PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file}
 
 
 class _LoadGuard:
@@ -192,6 +192,21 @@ def _cached_parse(file_cache: MutableMapping, cache_key: str) -> _ParsedEntry | 
     return entry if isinstance(entry, _ParsedEntry) else None
 
 
+class _Counted:
+    """A file's pieces as they are read: counted against max_bytes, and digested."""
+
+    def __init__(self, pieces: Iterable[bytes], guard: _LoadGuard):
+        self.pieces, self.guard = pieces, guard
+        self.digest, self.nbytes = hashlib.sha256(), 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self.pieces:
+            self.nbytes += len(piece)
+            self.guard.add_bytes(len(piece))
+            self.digest.update(piece)
+            yield piece
+
+
 def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
                file_cache: MutableMapping | None, cache_key: str | None,
                ) -> tuple[ParsedFile, bytes | None, _ParsedEntry | None]:
@@ -206,29 +221,42 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
             guard.add_events(entry.digest, entry.parsed.table.num_rows if entry.parsed.table is not None else 0)
             return entry.parsed, entry.digest, None
         try:
-            data = store.read(key)
+            # Kineto traces run to GBs: read, counted, digested and scanned piece by piece.
+            source = store.iter_chunks(key) if kind == KINETO else store.read(key)
         except FileOutsideTrialError:
             return ParsedFile(None, error="refused: links outside the trial folder"), None, None
         except OSError as exc:
             return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}"), None, None
-        if kind != KINETO:  # Kineto traces (100s of MB) are decompressed and checked as scanned
+        if kind == KINETO:
+            counted = _Counted(source, guard)
+            with _PARSE_SLOTS:  # (reading included: the pieces are scanned as they come)
+                guard.check()
+                try:
+                    parsed = parse_kineto_pieces(counted, key)
+                except OSError as exc:
+                    return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}"), None, None
+            if parsed.error:  # the file may not have been read to its end: no digest of it
+                return parsed, None, None
+            digest, nbytes = counted.digest.digest(), counted.nbytes
+        else:
             try:
-                data = decompress(key, data, max_size=guard.max_bytes)
+                data = decompress(key, source, max_size=guard.max_bytes)
             except (OSError, EOFError, zlib.error) as exc:
                 return ParsedFile(None, error=f"not a valid gzip file ({exc})"), None, None
             except TrialTooLargeError as exc:
                 guard.too_large(str(exc))
+            del source
             if not data.strip():
                 return ParsedFile(None, error="empty file"), None, None
-        nbytes = len(data)
-        guard.add_bytes(nbytes)
-        digest = hashlib.sha256(data).digest()
-        # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
-        # parses than cores at once only multiplies the memory held by half-parsed files.
-        with _PARSE_SLOTS:
-            guard.check()
-            parsed = _PARSERS[kind](data, node)
-        del data
+            nbytes = len(data)
+            guard.add_bytes(nbytes)
+            digest = hashlib.sha256(data).digest()
+            # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
+            # parses than cores at once only multiplies the memory held by half-parsed files.
+            with _PARSE_SLOTS:
+                guard.check()
+                parsed = _PARSERS[kind](data, node)
+            del data
         guard.add_events(digest, parsed.table.num_rows if parsed.table is not None else 0)
         # Only files with events are worth keeping: the rest are cheap to read again.
         keep = _ParsedEntry(parsed, digest, nbytes) if cache_key is not None and parsed.table is not None else None

@@ -11,11 +11,13 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from .errors import FileOutsideTrialError, TrialAccessError, TrialError, TrialNotFoundError
 
 READ_THREADS = 16
+# A large file read in pieces of this size (a Kineto trace of GBs never whole in memory).
+READ_CHUNK_BYTES = 8 << 20
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux; S3 keys are at most 1024 bytes
 
 
@@ -116,6 +118,17 @@ class LocalStore:
         with open(self.resolve(key), "rb") as handle:
             return handle.read()
 
+    def iter_chunks(self, key: str, chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[bytes]:
+        """The file's bytes, chunk_bytes at a time, for files too large to hold whole. The file
+        is opened (and its path checked) now; reading it may raise OSError later."""
+        handle = open(self.resolve(key), "rb")
+
+        def chunks():
+            with handle:
+                while chunk := handle.read(chunk_bytes):
+                    yield chunk
+        return chunks()
+
 
 def _s3_client(max_pool_connections: int = READ_THREADS):
     import boto3
@@ -189,18 +202,35 @@ class S3Store:
         return files
 
     def read(self, key: str) -> bytes:
+        return b"".join(self.iter_chunks(key, chunk_bytes=None))
+
+    def iter_chunks(self, key: str, chunk_bytes: int | None = READ_CHUNK_BYTES) -> Iterator[bytes]:
+        """The object's bytes, chunk_bytes at a time (None: in one piece). The request is made
+        now; a connection lost while reading the body raises TrialError later."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
+            body = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"]
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 # Removed between listing and reading (a running job's rotation): skip it.
                 raise FileNotFoundError(f"{key}: removed since listing") from None
             raise self._error(exc) from None
         except (BotoCoreError, OSError) as exc:
-            # A connection lost mid-body must fail the load, never skip the file as if gone.
             raise self._error(exc) from None
+
+        def chunks():
+            try:
+                if chunk_bytes is None:
+                    yield body.read()
+                else:
+                    yield from body.iter_chunks(chunk_bytes)
+            except (BotoCoreError, OSError) as exc:
+                # A connection lost mid-body must fail the load, never skip the file as if gone.
+                raise self._error(exc) from None
+            finally:
+                body.close()
+        return chunks()
 
     def put_file(self, key: str, local_path: str) -> None:
         """Upload a local file as `key` under the trial prefix (the collector's closed files)."""
