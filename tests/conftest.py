@@ -78,10 +78,11 @@ def upload_folder(client, folder: str, bucket: str, prefix: str) -> None:
 
 
 class CountingStore:
-    """A real store (local or S3) that also records which files a load read."""
+    """A real store (local or S3) that also records which files a load read (whole, or in
+    pieces: Kineto traces)."""
 
     def __init__(self, store):
-        self.store, self.reads = store, []
+        self.store, self.reads, self.streamed = store, [], []
         self.skipped = store.skipped
 
     def list(self):
@@ -90,3 +91,7 @@ class CountingStore:
     def read(self, key):
         self.reads.append(key)
         return self.store.read(key)
+
+    def iter_chunks(self, key):
+        self.streamed.append(key)
+        return self.store.iter_chunks(key)
