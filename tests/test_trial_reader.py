@@ -247,6 +247,26 @@ def test_a_reload_reads_only_new_and_changed_files(tmp_path):
     assert _frame_rows(rewritten) == _frame_rows(load_trial(folder))
 
 
+def test_files_still_being_written_are_not_kept(tmp_path):
+    folder = str(tmp_path / "trial")
+    write_trial(folder, epochs=1, train_batches=10, val_batches=0)
+    src = next(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "framework")) for n in names)
+    node = os.path.basename(src).split("_", 1)[1].rsplit("_", 1)[0]
+    with open(src) as handle:
+        lines = handle.read().splitlines()
+    tmp = os.path.join(folder, fmt.framework_tmp_key(node))
+    with open(tmp, "w") as handle:  # the writer's open file: no closing bracket yet
+        handle.write("\n".join(lines[:-1]) + "\n")
+    file_cache: dict = {}
+    store = counting(folder)
+    load_trial(folder, store=store, file_cache=file_cache)
+    assert fmt.framework_tmp_key(node) in store.reads
+    assert len(file_cache) == len(store.reads) - 1  # every file with events but the .tmp one
+    store = counting(folder)
+    load_trial(folder, store=store, file_cache=file_cache)
+    assert store.reads == [fmt.framework_tmp_key(node)]
+
+
 def test_files_taken_from_the_cache_still_count_against_the_limits(tmp_path):
     from dashboard.trial.errors import TrialTooLargeError
 

@@ -313,7 +313,9 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     first_copy: dict[bytes, str] = {}  # content digest -> key of the first file holding it
     fresh: dict[str, _ParsedEntry] = {}  # parses new to file_cache
     pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(jobs))))
-    cache_keys = [_file_cache_key(path, info) if file_cache is not None else None for info, _, _ in jobs]
+    # A .tmp file is still being written: its next version is another one, never worth keeping.
+    cache_keys = [_file_cache_key(path, info) if file_cache is not None and not info.key.endswith(".tmp")
+                  else None for info, _, _ in jobs]
     futures = [pool.submit(_parse_one, store, info, kind, node, guard, file_cache, cache_key)
                for (info, kind, node), cache_key in zip(jobs, cache_keys)]
     try:
