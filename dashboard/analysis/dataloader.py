@@ -65,11 +65,24 @@ def iterator_class(name: str) -> str:
     return re.split(r"::|\.(?=__init__$|worker$|__next__$)", name, maxsplit=1)[0]
 
 
+def _per_category(values: pd.Series, label, missing: str) -> tuple[np.ndarray, np.ndarray]:
+    """(label(str(value)) of each distinct value, then `missing`; the row's index into it).
+    label runs once per distinct value, not per row."""
+    values = values if values.dtype.name == "category" else values.astype("category")
+    per_value = np.array([label(str(c)) for c in values.cat.categories] + [missing], dtype=object)
+    return per_value, values.cat.codes.to_numpy()
+
+
+def labels(values: pd.Series, label=str, missing: str = "") -> pd.Series:
+    """label(str(value)) of each row as Python strings, computed once per distinct value
+    (object dtype: a str column would copy every row into Arrow)."""
+    per_value, codes = _per_category(values, label, missing)
+    return pd.Series(per_value[codes], index=values.index, dtype=object)
+
+
 def iterator_classes(names: pd.Series) -> pd.Series:
-    """iterator_class of each name of a categorical column, computed once per category."""
-    names = names.astype("category")
-    classes = np.array([iterator_class(str(c)) for c in names.cat.categories] + [""], dtype=object)
-    return pd.Series(classes[names.cat.codes.to_numpy()], index=names.index)
+    """iterator_class of each name."""
+    return labels(names, iterator_class)
 
 
 # --- results ---------------------------------------------------------------------------
@@ -169,10 +182,8 @@ def _codes(values: pd.Series) -> np.ndarray:
 
 def _class_codes(names: pd.Series) -> np.ndarray:
     """An id per row for iterator_class(name), computed once per distinct name."""
-    names = names if names.dtype.name == "category" else names.astype("category")
-    classes = [iterator_class(str(c)) for c in names.cat.categories] + [""]
-    class_ids = pd.factorize(pd.Index(classes, dtype=object))[0]
-    return class_ids[names.cat.codes.to_numpy()]
+    per_name, codes = _per_category(names, iterator_class, "")
+    return pd.factorize(per_name)[0][codes]
 
 
 def _int_or(values: pd.Series, missing: int) -> np.ndarray:

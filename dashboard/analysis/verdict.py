@@ -29,7 +29,7 @@ import pandas as pd
 
 from .. import format as fmt
 from ..trial.load import host_of
-from .dataloader import DEFAULT_OUTLIER_FACTOR, iterator_class, iterator_segments
+from .dataloader import DEFAULT_OUTLIER_FACTOR, iterator_classes, iterator_segments, labels
 
 # --- thresholds -----------------------------------------------------------------------
 
@@ -310,14 +310,6 @@ def _loaders(node_calls: pd.DataFrame, inits: pd.DataFrame, segments: list[int])
     return loaders
 
 
-def _labels(values: pd.Series, label=str, missing: str = "nan") -> pd.Series:
-    """label(str(value)) of each row, computed once per distinct value, as Python strings
-    (object dtype: a str column would copy every row into Arrow)."""
-    values = values.astype("category")
-    labels = np.array([label(str(c)) for c in values.cat.categories] + [missing], dtype=object)
-    return pd.Series(labels[values.cat.codes.to_numpy()], index=values.index, dtype=object)
-
-
 def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
     getnext_mask = framework["kind"] == fmt.KIND_GETNEXT
     if not getnext_mask.any():
@@ -325,8 +317,8 @@ def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
     segment = iterator_segments(framework)
     calls = framework[getnext_mask]
     calls = pd.DataFrame({
-        "node": _labels(calls["node"]), "pid": calls["pid"].fillna(-1).astype("int64"),
-        "cls": _labels(calls["name"], iterator_class, missing=""),
+        "node": labels(calls["node"], missing="nan"), "pid": calls["pid"].fillna(-1).astype("int64"),
+        "cls": iterator_classes(calls["name"]),
         "start_us": calls["start_us"].astype("int64"), "end_us": calls["end_us"].astype("int64"),
         "duration_us": calls["duration_us"].astype("int64"), "worker_id": calls["worker_id"],
         "num_workers": calls["num_workers"], "iterator_id": calls["iterator_id"], "segment": segment},
@@ -337,8 +329,8 @@ def _nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[_Node]:
                               .fillna(2**62).astype("int64"))  # the last: no next GetNext
     inits_all = framework[framework["kind"] == fmt.KIND_INIT]
     inits_all = pd.DataFrame({
-        "node": _labels(inits_all["node"]), "pid": inits_all["pid"].fillna(-1).astype("int64"),
-        "cls": _labels(inits_all["name"], iterator_class, missing=""),
+        "node": labels(inits_all["node"], missing="nan"), "pid": inits_all["pid"].fillna(-1).astype("int64"),
+        "cls": iterator_classes(inits_all["name"]),
         "start_us": inits_all["start_us"].astype("int64"), "end_us": inits_all["end_us"].astype("int64"),
         "duration_us": inits_all["duration_us"].astype("int64"),
         "num_workers": inits_all["num_workers"], "pin_memory": inits_all["pin_memory"]}
