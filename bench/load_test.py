@@ -193,11 +193,11 @@ class Client:
                            kind="show_trial").values
         if panels.get("getnext-count.children") != str(self.want["getnext"]):
             return self.fail(f"getnext-count {panels.get('getnext-count.children')!r}, not {self.want['getnext']}")
-        rows = panels.get("getnext-outliers.data") or []
+        rows = panels.get("getnext-outliers.rowData") or []
         if len(rows) != self.want["outliers"]:
             return self.fail(f"{len(rows)} GetNext outlier rows, not {self.want['outliers']}")
 
-        values = {"trial-store.data": store, "getnext-outliers.data": rows, "select-events.value": ".*",
+        values = {"trial-store.data": store, "select-events.value": ".*",
                   "select-dimensions.value": ".*", "node-select.value": ""}
         # The first window is the whole job: the framework events' span and the system samples
         # that may run on a little after them.
@@ -222,10 +222,9 @@ class Client:
                                           "drag_window", (lo, hi))
             else:  # a click on an outlier row (each click another row)
                 row = rows[(step // 2) % len(rows)]
-                values["getnext-outliers.active_cell"] = {"row": row["id"], "column": 2,
-                                                          "column_id": "duration_us", "row_id": row["id"]}
+                values["getnext-outliers.selectedRows"] = [row]
                 margin = max(int((row["end_us"] - row["start_us"]) * OUTLIER_MARGIN), MIN_MARGIN_US)
-                window = self._set_window(page, set_window, values, ["getnext-outliers.active_cell"],
+                window = self._set_window(page, set_window, values, ["getnext-outliers.selectedRows"],
                                           "click_outlier", (row["start_us"] - margin, row["end_us"] + margin))
             if window is None:
                 return

@@ -583,7 +583,7 @@ def loaded(served):
     write_trial(trial, epochs=1, slow_batches={(0, 3): 50_000, (0, 9): 70_000})
     page = served.page()
     store = loaded_store(load(page, trial))
-    rows = show(page, store)["getnext-outliers.data"]
+    rows = show(page, store)["getnext-outliers.rowData"]
     assert rows
     window = {"key": store["key"], "path": trial, "start_us": store["start_us"], "end_us": store["end_us"]}
     return SimpleNamespace(page=page, trial=trial, store=store, rows=rows, window=window)
@@ -631,18 +631,20 @@ GARBAGE = [
     ("drag-infinite", "window-store.data",
      lambda g: {"trial-store.data": g.store, "window-store.data": g.window,
                 "overview-graph.relayoutData": {"xaxis.range": [1e308, -1e308]}}, ["overview-graph.relayoutData"]),
-    ("outlier-cell-a-string", "window-store.data",
-     lambda g: {"trial-store.data": g.store, "window-store.data": g.window, "getnext-outliers.active_cell": "x",
-                "getnext-outliers.data": g.rows}, ["getnext-outliers.active_cell"]),
-    ("outlier-rows-without-times", "window-store.data",
+    ("outlier-selection-a-string", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": g.window, "getnext-outliers.selectedRows": "x"},
+     ["getnext-outliers.selectedRows"]),
+    ("outlier-row-without-times", "window-store.data",
      lambda g: {"trial-store.data": g.store, "window-store.data": g.window,
-                "getnext-outliers.active_cell": {"row": 0, "row_id": 0},
-                "getnext-outliers.data": [{"id": 0, "start_us": "abc", "end_us": None}]},
-     ["getnext-outliers.active_cell"]),
-    ("outlier-rows-a-string", "window-store.data",
+                "getnext-outliers.selectedRows": [{"id": 0, "start_us": "abc", "end_us": None}]},
+     ["getnext-outliers.selectedRows"]),
+    ("outlier-rows-of-strings", "window-store.data",
      lambda g: {"trial-store.data": g.store, "window-store.data": g.window,
-                "getnext-outliers.active_cell": {"row": 0, "row_id": 0}, "getnext-outliers.data": "rows"},
-     ["getnext-outliers.active_cell"]),
+                "getnext-outliers.selectedRows": ["rows", "more"]}, ["getnext-outliers.selectedRows"]),
+    ("outlier-row-of-huge-times", "window-store.data",
+     lambda g: {"trial-store.data": g.store, "window-store.data": g.window,
+                "getnext-outliers.selectedRows": [dict(g.rows[0], start_us=10**400, end_us=-1)]},
+     ["getnext-outliers.selectedRows"]),
     ("draw-window-a-list", "window-range.children", lambda g: {"window-store.data": [1], "trial-store.data": g.store},
      ["window-store.data"]),
     ("draw-start-after-end", "window-range.children",

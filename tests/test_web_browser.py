@@ -130,6 +130,13 @@ def window_range(dash_duo) -> tuple[int, int]:
     return iso_us(found[0]), iso_us(found[1])
 
 
+def table_rows(dash_duo, table_id: str) -> list:
+    """The rows a table shows, in order (the grid may keep its row elements in any order)."""
+    rows = wait_until(lambda: dash_duo.find_elements(f"#{table_id} .ag-center-cols-container .ag-row"),
+                      message=f"rows in {table_id}")
+    return sorted(rows, key=lambda row: int(row.get_attribute("row-index")))
+
+
 def screenshot(driver, path: str) -> None:
     """The whole page in one PNG (the window grown to the page's height)."""
     width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
@@ -172,7 +179,7 @@ def test_loads_a_trial_with_numbers_panels_and_timeline(dash_duo, tmp_path):
     assert float(text(dash_duo, "getnext-median-us")) == pytest.approx(want["getnext_median_us"], abs=0.05)
     assert float(text(dash_duo, "batchtime-median-s")) == pytest.approx(want["batch_median_s"], abs=1e-7)
     assert text(dash_duo, "getnext-outlier-count") == str(len(want["outliers"]))
-    first_row = dash_duo.find_elements("#getnext-outliers tbody tr")[1]  # row 0 holds the headers
+    first_row = table_rows(dash_duo, "getnext-outliers")[0]
     assert str(want["outliers"][0].duration_us) in first_row.text  # the longest first
     summary = text(dash_duo, "summary")
     assert str(tmp_path / "trial") in summary and "20001-algo-1" in summary
@@ -270,9 +277,9 @@ def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):
     driver = dash_duo.driver
     for rank in (0, 1):  # the longest, then the second longest
         outlier = want["outliers"][rank]
-        row = dash_duo.find_elements("#getnext-outliers tbody tr")[1 + rank]
+        row = table_rows(dash_duo, "getnext-outliers")[rank]
         scroll_to(driver, row)  # the page scrolled to the timeline after the last click
-        row.find_elements("css selector", "td")[2].click()
+        row.find_elements("css selector", ".ag-cell")[2].click()
         margin = max(int(outlier.duration_us * OUTLIER_MARGIN), MIN_MARGIN_US)
         want_lo, want_hi = outlier.start_us - margin, outlier.end_us + margin
         wait_until(lambda: window_range(dash_duo) == (want_lo, want_hi), message=f"the window of outlier {rank}")
@@ -496,11 +503,10 @@ def test_a_kineto_trace_says_not_recorded_instead_of_zero(dash_duo, tmp_path):
         assert text(dash_duo, note).startswith("not recorded (PyTorch profiler trace)")
     assert "worker processes" in text(dash_duo, "not-recorded")
     # The slow first batches (workers starting) are outliers of no known worker.
-    rows = dash_duo.find_elements("#getnext-outliers tbody tr")[1:]
+    rows = table_rows(dash_duo, "getnext-outliers")
     assert rows and int(text(dash_duo, "getnext-outlier-count")) >= 2
-    header = [h.text for h in dash_duo.find_elements("#getnext-outliers thead th, #getnext-outliers tr:first-child th")]
-    column = header.index("worker id")
-    assert all(row.find_elements("css selector", "td")[column].text == "not recorded" for row in rows)
+    assert all(row.find_element("css selector", ".ag-cell[col-id='worker_id']").text == "not recorded"
+               for row in rows)
     assert text(dash_duo, "verdict-class") == (result.verdict.class_ or "none")
     assert text(dash_duo, "verdict-percent") == f"{result.verdict.input_percent:.1f}"
     assert shown_findings(dash_duo) == [r.id for r in result.recommendations]

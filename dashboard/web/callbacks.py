@@ -147,20 +147,20 @@ def register_callbacks(app, context: Context) -> None:
     panel_outputs = [
         Output(Ids.SUMMARY, "children"), Output(Ids.NODE, "options"), Output(Ids.NODE, "value"),
         Output(Ids.INIT_COUNT, "children"), Output(Ids.INIT_MEDIAN, "children"), Output(Ids.INIT_MAX, "children"),
-        Output(Ids.INIT_ITERATORS, "data"), Output(Ids.INIT_GRAPH, "figure"),
-        Output(Ids.INIT_OUTLIER_COUNT, "children"), Output(Ids.INIT_OUTLIERS, "data"),
+        Output(Ids.INIT_ITERATORS, "rowData"), Output(Ids.INIT_GRAPH, "figure"),
+        Output(Ids.INIT_OUTLIER_COUNT, "children"), Output(Ids.INIT_OUTLIERS, "rowData"),
         Output(Ids.INIT_NOTE, "children"), Output(Ids.WORKERS_NOTE, "children"),
         Output(Ids.WORKERS_COUNT, "children"), Output(Ids.WORKERS_MEDIAN, "children"),
         Output(Ids.WORKERS_MAX, "children"), Output(Ids.WORKERS_GRAPH, "figure"),
-        Output(Ids.WORKERS_OUTLIER_COUNT, "children"), Output(Ids.WORKERS_OUTLIERS, "data"),
+        Output(Ids.WORKERS_OUTLIER_COUNT, "children"), Output(Ids.WORKERS_OUTLIERS, "rowData"),
         Output(Ids.GETNEXT_COUNT, "children"), Output(Ids.GETNEXT_MEDIAN, "children"),
         Output(Ids.GETNEXT_MAX, "children"), Output(Ids.GETNEXT_HISTOGRAM, "figure"),
         Output(Ids.GETNEXT_TIMELINE, "figure"), Output(Ids.GETNEXT_OUTLIER_COUNT, "children"),
-        Output(Ids.GETNEXT_OUTLIERS, "data"),
+        Output(Ids.GETNEXT_OUTLIERS, "rowData"),
         Output(Ids.BATCH_COUNT, "children"), Output(Ids.BATCH_MEDIAN, "children"),
         Output(Ids.BATCH_GRAPH, "figure"), Output(Ids.BATCH_OUTLIER_COUNT, "children"),
-        Output(Ids.BATCH_OUTLIERS, "data"),
-        *[Output(t, "active_cell") for t in OUTLIER_TABLES],
+        Output(Ids.BATCH_OUTLIERS, "rowData"),
+        *[Output(t, "selectedRows") for t in OUTLIER_TABLES],
         Output(Ids.ERROR, "children", allow_duplicate=True),
     ]
 
@@ -195,19 +195,17 @@ def register_callbacks(app, context: Context) -> None:
             getnext["count"], getnext["median_us"], getnext["max_us"], getnext["histogram"],
             getnext["timeline"], getnext["outlier_count"], getnext["outliers"],
             batch["count"], batch["median_s"], batch["figure"], batch["outlier_count"], batch["outliers"],
-            *[None] * len(OUTLIER_TABLES),
+            *[[] for _ in OUTLIER_TABLES],
             no_update,
         ]
 
     @app.callback(Output(Ids.WINDOW_STORE, "data"),
                   Input(Ids.TRIAL_STORE, "data"), Input(Ids.OVERVIEW, "relayoutData"),
                   Input(Ids.WINDOW_GRAPH, "relayoutData"), Input(Ids.WHOLE_JOB, "n_clicks"),
-                  *[Input(t, "active_cell") for t in OUTLIER_TABLES], Input(SHOW_WINDOW_BUTTONS, "n_clicks"),
-                  *[State(t, "data") for t in OUTLIER_TABLES], State(Ids.WINDOW_STORE, "data"),
-                  prevent_initial_call=True)
+                  *[Input(t, "selectedRows") for t in OUTLIER_TABLES], Input(SHOW_WINDOW_BUTTONS, "n_clicks"),
+                  State(Ids.WINDOW_STORE, "data"), prevent_initial_call=True)
     def set_window(store, overview_relayout, window_relayout, _whole, *rest):
-        tables_at = len(OUTLIER_TABLES) + 1  # the cells, then the "show" buttons' clicks
-        cells, tables, current = rest[:len(OUTLIER_TABLES)], rest[tables_at:-1], rest[-1]
+        selections, current = rest[:len(OUTLIER_TABLES)], rest[-1]  # then the "show" buttons' clicks
         if not store or not store.get("key") or store.get("start_us") is None:
             return no_update
         span = (int(store["start_us"]), int(store["end_us"]))
@@ -229,13 +227,9 @@ def register_callbacks(app, context: Context) -> None:
             elif trigger == Ids.WHOLE_JOB:
                 chosen = span
             elif trigger in OUTLIER_TABLES:
-                index = OUTLIER_TABLES.index(trigger)
-                cell, rows = cells[index], tables[index] or []
-                if cell:
-                    row_id = cell.get("row_id", cell.get("row"))
-                    row = next((r for r in rows if r.get("id") == row_id), None)
-                    if row is not None:
-                        chosen = views.outlier_window(int(row["start_us"]), int(row["end_us"]))
+                row = views.selected_row(selections[OUTLIER_TABLES.index(trigger)])
+                if row is not None:
+                    chosen = views.outlier_window(int(row["start_us"]), int(row["end_us"]))
             elif isinstance(trigger, dict) and trigger.get("type") == Ids.SHOW_WINDOW:
                 chosen = _shown_window(trigger, ctx.triggered[0]["value"] if ctx.triggered else None)
         except Exception as exc:  # noqa: BLE001 - a bad event never breaks the page
@@ -307,12 +301,12 @@ def register_callbacks(app, context: Context) -> None:
         """
         function() {
             const triggered = window.dash_clientside.callback_context.triggered || [];
-            if (triggered.some((t) => t.value)) {
+            if (triggered.some((t) => Array.isArray(t.value) ? t.value.length : t.value)) {
                 const el = document.getElementById('%s');
                 if (el) { el.scrollIntoView({block: 'start'}); }
             }
             return window.dash_clientside.no_update;
         }
         """ % Ids.TIMELINE,
-        Output(Ids.TIMELINE, "title"), *[Input(t, "active_cell") for t in OUTLIER_TABLES],
+        Output(Ids.TIMELINE, "title"), *[Input(t, "selectedRows") for t in OUTLIER_TABLES],
         Input(SHOW_WINDOW_BUTTONS, "n_clicks"), prevent_initial_call=True)

@@ -1,7 +1,8 @@
 """The page: components and their ids. Ids are defined here once; callbacks and tests use them."""
 from __future__ import annotations
 
-from dash import dash_table, dcc, html
+import dash_ag_grid as dag
+from dash import dcc, html
 
 from . import figures, views
 from .views import duration_text
@@ -80,31 +81,34 @@ class Ids:
 # The outlier tables, in the order callbacks list them.
 OUTLIER_TABLES = [Ids.INIT_OUTLIERS, Ids.WORKERS_OUTLIERS, Ids.GETNEXT_OUTLIERS, Ids.BATCH_OUTLIERS]
 
-_TIME_COLUMNS = [{"name": "start (UTC)", "id": "start"}, {"name": "end (UTC)", "id": "end"}]
-_DURATION = {"name": "duration (us)", "id": "duration_us", "type": "numeric"}
-_WHO = [{"name": "worker id", "id": "worker_id", "type": "numeric"},
-        {"name": "pid", "id": "pid", "type": "numeric"}, {"name": "node", "id": "node"}]
+# Widths that show a whole ISO time, an iterator class, a node id; a narrow panel scrolls sideways.
+_TIME_COLUMNS = [{"headerName": "start (UTC)", "field": "start", "minWidth": 215},
+                 {"headerName": "end (UTC)", "field": "end", "minWidth": 215}]
+_DURATION = {"headerName": "duration (us)", "field": "duration_us"}
+_NODE = {"headerName": "node", "field": "node", "minWidth": 130}
+_WHO = [{"headerName": "worker id", "field": "worker_id"}, {"headerName": "pid", "field": "pid"}, _NODE]
 OUTLIER_COLUMNS = {
-    Ids.INIT_OUTLIERS: _TIME_COLUMNS + [_DURATION, {"name": "iterator", "id": "type"},
-                                        {"name": "pid", "id": "pid", "type": "numeric"},
-                                        {"name": "node", "id": "node"}],
+    Ids.INIT_OUTLIERS: _TIME_COLUMNS + [_DURATION, {"headerName": "iterator", "field": "type", "minWidth": 250},
+                                        {"headerName": "pid", "field": "pid"}, _NODE],
     Ids.WORKERS_OUTLIERS: _TIME_COLUMNS + [_DURATION] + _WHO,
     Ids.GETNEXT_OUTLIERS: _TIME_COLUMNS + [_DURATION] + _WHO,
-    Ids.BATCH_OUTLIERS: _TIME_COLUMNS + [{"name": "batch time (s)", "id": "batch_time_s", "type": "numeric"}]
-                        + _WHO,
+    Ids.BATCH_OUTLIERS: _TIME_COLUMNS + [{"headerName": "batch time (s)", "field": "batch_time_s"}] + _WHO,
 }
-ITERATOR_COLUMNS = [{"name": "iterator", "id": "type"}, {"name": "num_workers", "id": "num_workers"},
-                    {"name": "pin_memory", "id": "pin_memory"},
-                    {"name": "times initialized", "id": "count", "type": "numeric"},
-                    {"name": "median (us)", "id": "median_us"}, {"name": "max (us)", "id": "max_us"}]
+ITERATOR_COLUMNS = [{"headerName": "iterator", "field": "type", "minWidth": 250},
+                    {"headerName": "num_workers", "field": "num_workers"},
+                    {"headerName": "pin_memory", "field": "pin_memory"},
+                    {"headerName": "times initialized", "field": "count"},
+                    {"headerName": "median (us)", "field": "median_us"}, {"headerName": "max (us)", "field": "max_us"}]
 
-_TABLE_STYLE = dict(
-    style_table={"overflowX": "auto"},
-    style_cell={"fontFamily": figures.FONT, "fontSize": "12px", "padding": "4px 8px", "textAlign": "left",
-                "border": "none", "borderBottom": "1px solid #e5e7eb", "whiteSpace": "nowrap"},
-    style_header={"fontWeight": "600", "backgroundColor": "#f9fafb", "borderBottom": "1px solid #d1d5db"},
-    style_as_list_view=True,
-)
+
+def _table(id_: str, columns: list[dict], **grid_options) -> dag.AgGrid:
+    return dag.AgGrid(
+        id=id_, columnDefs=columns, rowData=[], className="table",
+        # Values are shown as the views wrote them ("not recorded" among numbers): no type guessing.
+        defaultColDef={"sortable": False, "resizable": True, "cellDataType": False, "suppressMovable": True,
+                       "flex": 1, "minWidth": 95},
+        style={"width": "100%"},
+        dashGridOptions={"domLayout": "autoHeight", "suppressCellFocus": True, **grid_options})
 
 
 def _graph(id_: str, figure=None, **config) -> dcc.Graph:
@@ -121,13 +125,11 @@ def _stat(label: str, id_: str, unit: str = "") -> html.Div:
                   html.Span(f" {unit}" if unit else "", className="stat-unit")])])
 
 
-def outlier_table(id_: str) -> dash_table.DataTable:
-    return dash_table.DataTable(id=id_, columns=OUTLIER_COLUMNS[id_], data=[], page_size=8,
-                                page_action="native", sort_action="none", cell_selectable=True,
-                                style_data_conditional=[{"if": {"state": "active"},
-                                                         "backgroundColor": "#dbeafe",
-                                                         "border": "none"}],
-                                **_TABLE_STYLE)
+def outlier_table(id_: str) -> dag.AgGrid:
+    """Clicking a row selects it: the window moves to that event (selectedRows)."""
+    return _table(id_, OUTLIER_COLUMNS[id_], pagination=True, paginationPageSize=8,
+                  paginationPageSizeSelector=False,
+                  rowSelection={"mode": "singleRow", "checkboxes": False, "enableClickSelection": True})
 
 
 def _outliers_block(table_id: str, count_id: str, title: str) -> html.Div:
@@ -168,7 +170,7 @@ def build_layout(default_trial: str) -> html.Div:
         html.Div(className="stats", children=[_stat("iterators initialized", Ids.INIT_COUNT),
                                               _stat("median", Ids.INIT_MEDIAN, "us"),
                                               _stat("max", Ids.INIT_MAX, "us")]),
-        dash_table.DataTable(id=Ids.INIT_ITERATORS, columns=ITERATOR_COLUMNS, data=[], **_TABLE_STYLE),
+        _table(Ids.INIT_ITERATORS, ITERATOR_COLUMNS),
         _graph(Ids.INIT_GRAPH),
         _outliers_block(Ids.INIT_OUTLIERS, Ids.INIT_OUTLIER_COUNT, "Initialization outliers")],
         note_id=Ids.INIT_NOTE)

@@ -198,7 +198,7 @@ def _missing(value) -> bool:
 
 
 def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_nodes=()) -> list[dict]:
-    """DataTable rows for an outliers frame (longest first); raw times ride along for clicks.
+    """Table rows for an outliers frame (longest first); raw times ride along for clicks.
 
     unrecorded_nodes: nodes whose profiler does not record worker ids (Kineto traces): their
     unknown worker id reads "not recorded", not a blank or a number."""
@@ -219,6 +219,13 @@ def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_nodes=()) ->
                 out[column] = str(row[column])
         rows.append(out)
     return rows
+
+
+def selected_row(selected) -> dict | None:
+    """The row an outlier table's selectedRows names (one row, or none)."""
+    if isinstance(selected, list) and len(selected) == 1 and isinstance(selected[0], dict):
+        return selected[0]
+    return None
 
 
 def iterator_rows(iterators: pd.DataFrame) -> list[dict]:
