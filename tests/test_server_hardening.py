@@ -483,7 +483,9 @@ def test_s3_stops_mid_load_the_page_says_so_nothing_is_cached_and_a_retry_reads_
     progress = []
 
     s3.arm(at_get=20)  # the 20th object read, and every one after it, hangs ...
-    killer = threading.Thread(target=lambda: (s3.held.wait(60), s3.die()))  # ... until the server dies
+    # ... for a second (the page polls the load's progress meanwhile), then the server dies. Dying
+    # at once raced the page's polls on a loaded machine: the load could fail between two.
+    killer = threading.Thread(target=lambda: (s3.held.wait(60), time.sleep(1.0), s3.die()))
     killer.start()
     started = time.monotonic()
     failed = load(page, S3_TRIAL, timeout_s=60, on_progress=progress.append)
