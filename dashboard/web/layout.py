@@ -106,7 +106,7 @@ def _table(id_: str, columns: list[dict], **grid_options) -> dag.AgGrid:
         id=id_, columnDefs=columns, rowData=[], className="table",
         # Values are shown as the views wrote them ("not recorded" among numbers): no type guessing.
         defaultColDef={"sortable": False, "resizable": True, "cellDataType": False, "suppressMovable": True,
-                       "flex": 1, "minWidth": 95},
+                       "flex": 1, "minWidth": 95, "wrapHeaderText": True, "autoHeaderHeight": True},
         style={"width": "100%"},
         dashGridOptions={"domLayout": "autoHeight", "suppressCellFocus": True, **grid_options})
 
