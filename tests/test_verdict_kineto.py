@@ -33,21 +33,28 @@ def slow_worker_init(_):
     time.sleep(0.6)
 
 
+def timed(loader, calls):
+    """The loader's batches; appends each next() call's (start, end), in perf_counter seconds,
+    the one that ends the epoch (StopIteration) included."""
+    it = iter(loader)
+    while True:
+        start = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            calls.append((start, time.perf_counter()))
+            return
+        calls.append((start, time.perf_counter()))
+        yield batch
+
+
 def profiled_run(folder, loader, compute_s):
     """One epoch; the 'GPU' step is a sleep after a small CPU forward/backward. Returns the
     loop's own timing of its next() calls: [(start, end)] in perf_counter seconds."""
     model = torch.nn.Linear(8, 8)
     calls = []
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        it = iter(loader)
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                calls.append((start, time.perf_counter()))
-                break
-            calls.append((start, time.perf_counter()))
+        for batch in timed(loader, calls):
             model(batch).sum().backward()
             time.sleep(compute_s)
     prof.export_chrome_trace(str(folder / "run.pt.trace.json"))
@@ -132,18 +139,6 @@ def test_profiler_steps_tell_training_from_a_validation_loop_inside_them(tmp_pat
     val = DataLoader(Samples(12, sleep_s=0.02), batch_size=2, num_workers=0)
     model = torch.nn.Linear(8, 8)
     train_calls, val_spans = [], []
-
-    def timed(loader, calls):
-        it = iter(loader)
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                calls.append((start, time.perf_counter()))
-                return
-            calls.append((start, time.perf_counter()))
-            yield batch
 
     with profile(activities=[ProfilerActivity.CPU],
                  schedule=schedule(wait=0, warmup=0, active=10_000)) as prof:

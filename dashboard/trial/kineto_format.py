@@ -49,7 +49,7 @@ import pyarrow as pa
 
 from .. import format as fmt
 from .frames import FRAMEWORK_ARROW_SCHEMA
-from .smdebug_format import ParsedFile
+from .smdebug_format import ParsedFile, _as_number
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
 # What a Kineto trace does not record, by the names the report uses.
@@ -124,13 +124,6 @@ def _as_int(value):
     return None
 
 
-def _as_float(value):
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = float(value)
-        return value if math.isfinite(value) else None
-    return None
-
-
 class _Scanner:
     """Scans a trace's bytes (whole, or decompressed chunk by chunk) for kept events."""
 
@@ -175,7 +168,7 @@ class _Scanner:
             return  # flow or instant events carry the name too
         if isinstance(cat, str) and cat.startswith("gpu_"):
             return  # the GPU-side copy of an annotation (gpu_user_annotation)
-        ts, dur = _as_float(obj.get("ts")), _as_float(obj.get("dur"))
+        ts, dur = _as_number(obj.get("ts")), _as_number(obj.get("dur"))
         if ts is None or dur is None or dur < 0:
             self.bad += 1
             return

@@ -139,6 +139,10 @@ def _outliers_block(table_id: str, count_id: str, title: str) -> html.Div:
         outlier_table(table_id)])
 
 
+def _stats(*stats: html.Div) -> html.Div:
+    return html.Div(className="stats", children=list(stats))
+
+
 def _panel(title: str, description: str, children: list, note_id: str | None = None) -> html.Section:
     note = [html.P(id=note_id, className="not-recorded-note")] if note_id else []
     return html.Section(className="panel", children=[html.H2(title), html.P(description, className="hint"),
@@ -167,31 +171,31 @@ def build_layout(default_trial: str) -> html.Div:
     ])
 
     init_panel = _panel("Initialization", "Each DataLoader iterator created: its class and configuration.", [
-        html.Div(className="stats", children=[_stat("iterators initialized", Ids.INIT_COUNT),
-                                              _stat("median", Ids.INIT_MEDIAN, "us"),
-                                              _stat("max", Ids.INIT_MAX, "us")]),
+        _stats(_stat("iterators initialized", Ids.INIT_COUNT),
+               _stat("median", Ids.INIT_MEDIAN, "us"),
+               _stat("max", Ids.INIT_MAX, "us")),
         _table(Ids.INIT_ITERATORS, ITERATOR_COLUMNS),
         _graph(Ids.INIT_GRAPH),
         _outliers_block(Ids.INIT_OUTLIERS, Ids.INIT_OUTLIER_COUNT, "Initialization outliers")],
         note_id=Ids.INIT_NOTE)
     workers_panel = _panel("Workers", "DataLoader worker processes and how long each lived.", [
-        html.Div(className="stats", children=[_stat("worker processes", Ids.WORKERS_COUNT),
-                                              _stat("median lifetime", Ids.WORKERS_MEDIAN, "us"),
-                                              _stat("max lifetime", Ids.WORKERS_MAX, "us")]),
+        _stats(_stat("worker processes", Ids.WORKERS_COUNT),
+               _stat("median lifetime", Ids.WORKERS_MEDIAN, "us"),
+               _stat("max lifetime", Ids.WORKERS_MAX, "us")),
         _graph(Ids.WORKERS_GRAPH),
         _outliers_block(Ids.WORKERS_OUTLIERS, Ids.WORKERS_OUTLIER_COUNT, "Worker outliers")],
         note_id=Ids.WORKERS_NOTE)
     getnext_panel = _panel("GetNext", "Time the training loop waited for each batch.", [
-        html.Div(className="stats", children=[_stat("GetNext calls", Ids.GETNEXT_COUNT),
-                                              _stat("median", Ids.GETNEXT_MEDIAN, "us"),
-                                              _stat("max", Ids.GETNEXT_MAX, "us")]),
+        _stats(_stat("GetNext calls", Ids.GETNEXT_COUNT),
+               _stat("median", Ids.GETNEXT_MEDIAN, "us"),
+               _stat("max", Ids.GETNEXT_MAX, "us")),
         _graph(Ids.GETNEXT_HISTOGRAM),
         _graph(Ids.GETNEXT_TIMELINE),
         _outliers_block(Ids.GETNEXT_OUTLIERS, Ids.GETNEXT_OUTLIER_COUNT, "GetNext outliers")])
     batch_panel = _panel("Batch time", "From one GetNext to the next of the same iterator: "
                                        "fetch plus the training step.", [
-        html.Div(className="stats", children=[_stat("batches", Ids.BATCH_COUNT),
-                                              _stat("median", Ids.BATCH_MEDIAN, "s")]),
+        _stats(_stat("batches", Ids.BATCH_COUNT),
+               _stat("median", Ids.BATCH_MEDIAN, "s")),
         _graph(Ids.BATCH_GRAPH),
         _outliers_block(Ids.BATCH_OUTLIERS, Ids.BATCH_OUTLIER_COUNT, "Batch time outliers")])
 
