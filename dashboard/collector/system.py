@@ -91,25 +91,32 @@ class SystemSampler:
         self.samples = 0
 
     def start(self) -> None:
+        # The baseline is taken here, not on the thread: a job that ends before the
+        # thread first runs (a loaded host) still has one, so stop() can sample.
+        self._sample_and_send()
         self._thread = threading.Thread(target=self._run, name="dashboard-collector-system", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop sampling, after one last sample: a job shorter than the interval still
-        gets its rates (over its whole run)."""
+        gets its rates (over its whole run). A last sample right after a regular one is
+        skipped (rates over a few ms are noise), unless it would be the only one."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-            if not self._thread.is_alive() and self._previous is not None \
-                    and time.time() - self._previous["ts"] >= MIN_INTERVAL_S / 2:
-                self._sample_and_send()
+            if not self._thread.is_alive() and self._previous is not None:
+                wait_s = self._previous["ts"] + MIN_INTERVAL_S / 2 - time.time()
+                if self.samples == 0:
+                    time.sleep(max(0.0, wait_s))
+                    wait_s = 0.0
+                if wait_s <= 0:
+                    self._sample_and_send()
         if self._gpus is not None:
             self._gpus.close()
 
     def _run(self) -> None:
         if self.gpu:
             self._gpus = _Gpus()
-        self.sample()  # baseline
         next_at = time.monotonic() + self.interval_s
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             next_at += self.interval_s
