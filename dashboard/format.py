@@ -18,6 +18,8 @@ PHASE_STEP_EVAL = "Step:ModeKeys.EVAL"
 # search on those words and would count them as workers or iterators.
 PHASE_WORKER_FETCH = "DataLoaderFetch"
 PHASE_FIRST_BATCH = "DataLoaderFirstBatch"
+# The fetch phase's name in trials of the collector's first version: still read as fetches.
+LEGACY_PHASE_WORKER_FETCH = "DataLoaderWorkerFetch"
 
 # Event kinds the analysis cares about; everything else is "other".
 KIND_INIT = "init"

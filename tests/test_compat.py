@@ -45,7 +45,9 @@ def test_five_methods(notebook, capsys):
     analysis.analyze_dataloaderWorkers()
     assert f"training {len(synthetic.of_kind('worker'))}" in capsys.readouterr().out
     getnext = analysis.analyze_dataloader_getnext()
-    assert f"training {len(synthetic.of_kind('getnext'))}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"training {len(synthetic.of_kind('getnext'))}" in out
+    assert f"{len(getnext)} outlier(s) in GetNext durations" in out  # the reference's words
     assert getnext["duration_us"].iloc[0] == 80_000 and "start_time" in getnext
     slow = next(e for e in synthetic.of_kind("getnext") if e.duration_us == 80_000)
     batches = analysis.analyze_batchtime(slow.start_us - 50_000, slow.end_us + 50_000,

@@ -53,6 +53,21 @@ def test_dataloader_columns_come_from_args(tmp_path):
     assert sorted(getnext["worker_id"].unique().tolist()) == [-1, 0, 1, 2]
 
 
+def test_fetches_under_the_collectors_first_phase_name_are_fetches_not_workers(tmp_path):
+    from dashboard.collector.writer import TraceWriter
+
+    start = 1_795_986_600_000_000
+    writer = TraceWriter(str(tmp_path), "algo-1", start_time_us=start, rotate_s=3600)
+    for phase in (fmt.PHASE_WORKER_FETCH, fmt.LEGACY_PHASE_WORKER_FETCH):
+        writer.complete(phase, "_MultiProcessingDataLoaderIter.fetch", start, start + 500,
+                        {fmt.ARG_PID: 7, fmt.ARG_WORKER_ID: 0})
+    writer.complete(fmt.PHASE_WORKER, "_MultiProcessingDataLoaderIter.worker_0", start, start + 9_000,
+                    {fmt.ARG_PID: 7, fmt.ARG_WORKER_ID: 0})
+    writer.close()
+    fw = load_trial(str(tmp_path)).framework
+    assert sorted(fw["kind"].astype(str)) == ["fetch", "fetch", "worker"]
+
+
 def test_trial_without_system_folder(tmp_path):
     synthetic = write_trial(str(tmp_path), system=False)
     result = dashboard.analyze(str(tmp_path))

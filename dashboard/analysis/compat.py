@@ -131,15 +131,15 @@ class PT_dataloader_analysis:  # noqa: N801 (the reference's name)
 
     def analyze_dataloaderWorkers(self) -> pd.DataFrame:  # noqa: N802
         return self._report_durations(self.result.workers, "DataLoaderWorker processes",
-                                      "workers spun off", "worker processes",
+                                      "workers spun off", "worker processes", "worker processes",
                                       dataloader.WORKER_OUTLIER_COLUMNS)
 
     def analyze_dataloader_getnext(self) -> pd.DataFrame:
         return self._report_durations(self.result.getnext, "DataLoaderIter::GetNext calls",
-                                      "GetNext calls made", "GetNext calls",
+                                      "GetNext calls made", "GetNext calls", "GetNext durations",
                                       dataloader.GETNEXT_OUTLIER_COLUMNS)
 
-    def _report_durations(self, stats, events: str, counted: str, what: str,
+    def _report_durations(self, stats, events: str, counted: str, what: str, outliers_of: str,
                           columns: list[str]) -> pd.DataFrame:
         """The reference's summary of one kind of event with a duration, and its outliers."""
         if stats.count == 0:
@@ -148,7 +148,7 @@ class PT_dataloader_analysis:  # noqa: N801 (the reference's name)
         print(f"Total number of {counted} during the training {stats.count}")
         print(f"Median duration {stats.median_us:.0f} us and maximum duration {stats.max_us:.0f} us "
               f"for {what}")
-        return self._report_outliers(stats.outliers, what)
+        return self._report_outliers(stats.outliers, outliers_of)
 
     def analyze_batchtime(self, start_timestamp=None, end_timestamp=None, select_events=(".*",),
                           select_dimensions=(".*",)) -> pd.DataFrame:

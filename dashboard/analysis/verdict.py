@@ -587,8 +587,9 @@ def _workers(node: _Node) -> list[Recommendation]:
         free_cores = cores * (1.0 - cpu / 100.0)
         if cpu >= CPU_SATURATED_PERCENT or free_cores < 1.0:
             text = (f"The job is {verdict.class_} input-bound ({verdict.input_percent:.1f} % of training "
-                    f"waits in GetNext) and the CPUs have no core to spare ({cpu:.0f} % mean over {cores} "
-                    f"cores during training leaves {free_cores:.1f} core(s) free): more workers will not help. Make per-sample work cheaper (decode "
+                    f"waits in GetNext) and the CPUs are saturated ({cpu:.0f} % mean over {cores} cores "
+                    f"during training, {free_cores:.1f} core(s) free): more workers will not help. Make "
+                    f"per-sample work cheaper (decode "
                     f"smaller images, lighter augmentation, a faster decoder), cache decoded or "
                     f"preprocessed samples, or move decoding and augmentation to the GPU (e.g. NVIDIA "
                     f"DALI, `torchvision.io.decode_jpeg(device='cuda')`).")

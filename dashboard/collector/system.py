@@ -91,8 +91,11 @@ class SystemSampler:
         self.samples = 0
 
     def start(self) -> None:
-        # The baseline is taken here, not on the thread: a job that ends before the
-        # thread first runs (a loaded host) still has one, so stop() can sample.
+        # NVML and the baseline are set up here, not on the thread: a job that ends before
+        # the thread first runs (a loaded host) still has them, so stop() can sample.
+        # This runs in the sink, never in the training loop.
+        if self.gpu:
+            self._gpus = _Gpus()
         self._sample_and_send()
         self._thread = threading.Thread(target=self._run, name="dashboard-collector-system", daemon=True)
         self._thread.start()
@@ -105,18 +108,16 @@ class SystemSampler:
         if self._thread is not None:
             self._thread.join(timeout)
             if not self._thread.is_alive() and self._previous is not None:
-                wait_s = self._previous["ts"] + MIN_INTERVAL_S / 2 - time.time()
-                if self.samples == 0:
-                    time.sleep(max(0.0, wait_s))
-                    wait_s = 0.0
-                if wait_s <= 0:
+                too_soon_s = self._previous["ts"] + MIN_INTERVAL_S / 2 - time.time()
+                if self.samples == 0:  # it would be the only one: worth a moment's wait
+                    time.sleep(max(0.0, too_soon_s))
+                    self._sample_and_send()
+                elif too_soon_s <= 0:
                     self._sample_and_send()
         if self._gpus is not None:
             self._gpus.close()
 
     def _run(self) -> None:
-        if self.gpu:
-            self._gpus = _Gpus()
         next_at = time.monotonic() + self.interval_s
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             next_at += self.interval_s
