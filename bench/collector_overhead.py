@@ -138,29 +138,26 @@ def _cpu_of(pid) -> float:
         return 0.0
 
 
-def timed(mode: str, run, batches: int) -> dict:
+def timed(mode: str, run, batches: int, settle_s: float = 0.0) -> dict:
     """One loop under `mode`: CPU and wall of the loop, and of starting and stopping."""
     with tempfile.TemporaryDirectory(prefix="bench-collector-") as out:
-        return _timed(mode, run, batches, recording(mode, out))
-
-
-def _timed(mode: str, run, batches: int, context, settle_s: float = 0.0) -> dict:
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    sink_pid = None
-    if context is not None:
-        context.__enter__()
-        process = getattr(context, "_sink_process", None)
-        sink_pid = process.pid if process is not None else None
-    if settle_s:  # let the sink process finish starting (its interpreter start-up is once per job)
-        time.sleep(settle_s)
-    wall1, cpu1 = time.perf_counter(), time.process_time()
-    sink0 = _cpu_of(sink_pid)
-    count = run(batches)
-    wall2, cpu2 = time.perf_counter(), time.process_time()
-    sink1 = _cpu_of(sink_pid)
-    if context is not None:
-        context.__exit__(None, None, None)
-    wall3, cpu3 = time.perf_counter(), time.process_time()
+        context = recording(mode, out)
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        sink_pid = None
+        if context is not None:
+            context.__enter__()
+            process = getattr(context, "_sink_process", None)
+            sink_pid = process.pid if process is not None else None
+        if settle_s:  # let the sink process finish starting (its interpreter start-up is once per job)
+            time.sleep(settle_s)
+        wall1, cpu1 = time.perf_counter(), time.process_time()
+        sink0 = _cpu_of(sink_pid)
+        count = run(batches)
+        wall2, cpu2 = time.perf_counter(), time.process_time()
+        sink1 = _cpu_of(sink_pid)
+        if context is not None:
+            context.__exit__(None, None, None)
+        wall3, cpu3 = time.perf_counter(), time.process_time()
     result = {"mode": mode, "batches": count, "cpu_s": cpu2 - cpu1, "wall_s": wall2 - wall1,
               "start_wall_s": wall1 - wall0, "stop_wall_s": wall3 - wall2,
               "start_stop_cpu_s": (cpu1 - cpu0) + (cpu3 - cpu2)}
@@ -203,9 +200,7 @@ def child_paired_training(rounds: int, batches: int) -> dict:
         for mode in over:
             walls = []
             for step_mode in ("none", mode, "none"):
-                with tempfile.TemporaryDirectory(prefix="bench-collector-") as out:
-                    walls.append(_timed(step_mode, lambda _: training.epoch(), batches,
-                                        recording(step_mode, out), settle_s=0.5)["wall_s"])
+                walls.append(timed(step_mode, lambda _: training.epoch(), batches, settle_s=0.5)["wall_s"])
             plain = (walls[0] + walls[2]) / 2
             over[mode].append(100 * (walls[1] - plain) / plain)
     return {"wall_overhead_percent": over}

@@ -29,7 +29,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from dashboard.synthetic import write_trial  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 from tests.dash_http import CallbackFailed, DashSession, text_of  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -54,12 +54,6 @@ REQUEST_TIMEOUT_S = 30
 OUTLIER_MARGIN, MIN_MARGIN_US = 0.5, 1_000
 KINDS = ["page", "request_load", "load_start", "load_poll", "show_trial", "first_window", "drag_window",
          "click_outlier", "show_window"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def plotly_date(us: int) -> str:
@@ -256,6 +250,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+def quantiles(values: list[float]) -> dict:
+    return {"n": len(values), "p50": percentile(values, 0.5), "p99": percentile(values, 0.99)}
+
+
 def one_run(args, work: str, trial: str, want: dict, run: int) -> dict:
     cache = os.path.join(work, f"cache-{run}")
     server = Gunicorn(trial, cache, os.path.join(work, f"gunicorn-{run}.log"), args.workers, args.threads)
@@ -296,13 +294,11 @@ def one_run(args, work: str, trial: str, want: dict, run: int) -> dict:
     return {
         "requests": len(records), "wall_s": wall, "throughput_rps": len(records) / wall, "server_ready_s": ready_s,
         "errors": len(errors), "error_samples": errors[:10],
-        "latency_ms": {kind: {"n": len(v), "p50": percentile(v, 0.50), "p99": percentile(v, 0.99), "max": max(v)}
+        "latency_ms": {kind: {**quantiles(v), "max": max(v)}
                        for kind, v in sorted(by_kind.items(), key=lambda kv: KINDS.index(kv[0])
                                              if kv[0] in KINDS else 99)},
-        "all_callbacks_ms": (lambda v: {"n": len(v), "p50": percentile(v, 0.5), "p99": percentile(v, 0.99)})(
-            [s * 1000 for k, s, _ in records if k != "page"]),
-        "load_end_to_end_ms": {"n": len(loads), "p50": percentile(loads, 0.5), "p99": percentile(loads, 0.99)}
-        if loads else None,
+        "all_callbacks_ms": quantiles([s * 1000 for k, s, _ in records if k != "page"]),
+        "load_end_to_end_ms": quantiles(loads) if loads else None,
     }
 
 

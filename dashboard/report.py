@@ -130,8 +130,8 @@ def _stat(value, unit):
     return "-" if value is None else f"{value:,.0f} {unit}" if unit == "us" else f"{value:.4f} {unit}"
 
 
-_CLASS_WORDS = {"highly": "highly input-bound", "moderately": "moderately input-bound",
-                "not": "not input-bound"}
+CLASS_WORDS = {"highly": "highly input-bound", "moderately": "moderately input-bound",
+               "not": "not input-bound", "none": "no GetNext"}  # "none": the class_ None, as the page names it
 NOT_RECORDED_WORDS = {"initialization": "iterator initialization", "workers": "worker processes",
                       "worker_id": "which worker produced a batch"}
 
@@ -139,7 +139,7 @@ NOT_RECORDED_WORDS = {"initialization": "iterator initialization", "workers": "w
 def verdict_text(verdict) -> str:
     if verdict.class_ is None:
         return f"no verdict: {verdict.basis}"
-    return (f"{_CLASS_WORDS[verdict.class_]}: {verdict.input_percent:.1f} % of training time waits for "
+    return (f"{CLASS_WORDS[verdict.class_]}: {verdict.input_percent:.1f} % of training time waits for "
             f"data ({verdict.basis})")
 
 
@@ -149,7 +149,7 @@ def _summary_lines(data: dict, result: TrialAnalysis) -> list[str]:
     if len(result.nodes_verdict) > 1:
         for node, verdict in result.nodes_verdict.items():
             percent = "-" if verdict.input_percent is None else f"{verdict.input_percent:.1f} %"
-            lines.append(f"  {node}: {percent} {_CLASS_WORDS.get(verdict.class_, '')}")
+            lines.append(f"  {node}: {percent} {CLASS_WORDS.get(verdict.class_, '')}")
     findings = data["recommendations"]
     lines.append("")
     lines.append(f"Findings: {len(findings)}" if findings else "Findings: none (nothing to change)")

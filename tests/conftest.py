@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import pytest
@@ -9,6 +10,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server a test starts, or an endpoint nobody serves)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def pytest_setup_options():
@@ -78,12 +86,17 @@ def upload_folder(client, folder: str, bucket: str, prefix: str) -> None:
 
 
 class CountingStore:
-    """A real store (local or S3) that also records which files a load read (whole, or in
-    pieces: Kineto traces)."""
+    """A real store (local or S3) that also records what a load read: whole files in
+    `reads`, and the length of each piece of a file read in pieces (Kineto traces) in
+    `pieces`, in pieces of `chunk_bytes` when given."""
 
-    def __init__(self, store):
-        self.store, self.reads, self.streamed = store, [], []
-        self.skipped = store.skipped
+    def __init__(self, store, chunk_bytes=None):
+        self.store, self.chunk_bytes, self.reads, self.pieces = store, chunk_bytes, [], []
+
+    @property
+    def skipped(self):
+        # The store's own list: listing replaces it.
+        return self.store.skipped
 
     def list(self):
         return self.store.list()
@@ -93,5 +106,7 @@ class CountingStore:
         return self.store.read(key)
 
     def iter_chunks(self, key):
-        self.streamed.append(key)
-        return self.store.iter_chunks(key)
+        pieces = self.store.iter_chunks(key, self.chunk_bytes) if self.chunk_bytes else self.store.iter_chunks(key)
+        for piece in pieces:
+            self.pieces.append(len(piece))
+            yield piece

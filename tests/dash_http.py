@@ -42,10 +42,6 @@ def split_output(output: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def prop_id(pair: tuple[str, str]) -> str:
-    return f"{pair[0]}.{pair[1]}"
-
-
 @dataclass
 class Callback:
     output: str  # as the server keys it
@@ -89,7 +85,6 @@ class Result:
     status: int
     values: dict  # 'id.prop' -> value, for the outputs the server updated ({} for a 204)
     text: str  # the raw body (of the last poll, for a background callback)
-    requests: int = 1  # requests made (the start and every poll, for a background callback)
 
 
 class CallbackFailed(AssertionError):
@@ -169,17 +164,13 @@ class DashSession:
             self.on_request(kind, time.perf_counter() - started, response.status_code)
         return response
 
-    def post(self, body, params: dict | None = None, kind: str = "raw", *,
-             data: bytes | None = None, headers: dict | None = None) -> requests.Response:
-        """One POST to /_dash-update-component (with this page's endId): a JSON body, or raw
-        `data` when given. No status check: for tests of what the server answers."""
+    def post(self, body, params: dict | None = None, kind: str = "raw") -> requests.Response:
+        """One POST of a JSON body to /_dash-update-component (with this page's endId). No
+        status check: for tests of what the server answers."""
         query = {"endId": self.end_id} if self.end_id else {}
         query.update(params or {})
-        url = self.base_url + UPDATE
-        if data is not None:
-            return self._timed(kind, lambda: self.http.post(url, params=query, data=data, headers=headers,
-                                                            timeout=self.timeout))
-        return self._timed(kind, lambda: self.http.post(url, params=query, json=body, timeout=self.timeout))
+        return self._timed(kind, lambda: self.http.post(self.base_url + UPDATE, params=query, json=body,
+                                                        timeout=self.timeout))
 
     @staticmethod
     def _result(response: requests.Response) -> Result:
@@ -223,17 +214,14 @@ class DashSession:
         polled = callback.body({}, triggered)  # the renderer nulls inputs and state when polling
         params = {"cacheKey": handles["cacheKey"], "job": handles["job"]}
         deadline = time.monotonic() + timeout_s
-        count = 1
         while True:
             if time.monotonic() > deadline:
                 raise CallbackFailed(f"background callback gave no response within {timeout_s} s")
             time.sleep(poll_s)
             result = self._result(self.post(polled, params=params, kind=f"{kind}_poll"))
-            count += 1
             if result.status == 204:
-                result.requests = count
                 return result
             if on_progress and result.values.get("progress"):
                 on_progress(dict(result.values["progress"]))
             if "response" in result.values:
-                return Result(200, flatten(result.values["response"]), result.text, count)
+                return Result(200, flatten(result.values["response"]), result.text)

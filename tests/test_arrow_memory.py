@@ -1,5 +1,6 @@
 """dashboard.arrow_memory: Arrow's allocator hands freed memory back at once, in a process
 that imports the reader first, and nothing changes anywhere else."""
+import json
 import os
 import subprocess
 import sys
@@ -7,19 +8,24 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT
 
-# Allocates 2000 Arrow buffers of 64 KiB (125 MiB), frees them, and prints the resident
-# anonymous memory before, while held and after, in MiB.
-PROBE = textwrap.dedent("""
+# The start of every probe: the project importable, and anon(), the resident anonymous
+# memory in MiB.
+PRELUDE = textwrap.dedent(f"""
     import json, os, sys
-    sys.path.insert(0, {root!r})
-    {imports}
-    import pyarrow as pa
+    sys.path.insert(0, {ROOT!r})
 
     def anon():
         with open("/proc/self/status") as status:
             return next(int(line.split()[1]) / 1024 for line in status if line.startswith("RssAnon"))
+""")
+
+# Allocates 2000 Arrow buffers of 64 KiB (125 MiB), frees them, and prints the resident
+# anonymous memory before, while held and after.
+PROBE = textwrap.dedent("""
+    {imports}
+    import pyarrow as pa
 
     before = anon()
     buffers = [pa.allocate_buffer(64 << 10) for _ in range(2000)]
@@ -32,14 +38,18 @@ PROBE = textwrap.dedent("""
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 
 
-def probe(imports: str, env: dict | None = None) -> dict:
-    import json
-
+def run_probe(code: str, env: dict | None = None) -> dict:
+    """The JSON object `code` prints last, run after PRELUDE in a fresh Python whose
+    environment sets no allocator option but those in `env`."""
     environment = {k: v for k, v in os.environ.items() if k != "MIMALLOC_PURGE_DELAY"}
     environment.update(env or {})
-    out = subprocess.run([sys.executable, "-c", PROBE.format(root=ROOT, imports=imports)], env=environment,
+    out = subprocess.run([sys.executable, "-c", PRELUDE + code], env=environment,
                          capture_output=True, text=True, check=True, timeout=120).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def probe(imports: str, env: dict | None = None) -> dict:
+    return run_probe(PROBE.format(imports=imports), env)
 
 
 def test_the_reader_makes_arrow_return_freed_memory_at_once():
@@ -86,15 +96,9 @@ def test_a_load_hands_back_what_arrow_holds_free_even_when_pyarrow_came_first(tm
     from dashboard.synthetic import write_trial
 
     write_trial(str(tmp_path), epochs=1, train_batches=5, val_batches=0)
-    code = textwrap.dedent(f"""
-        import json, sys
-        sys.path.insert(0, {ROOT!r})
+    found = run_probe(textwrap.dedent(f"""
         import pyarrow as pa
         from dashboard.trial.load import load_trial
-
-        def anon():
-            with open("/proc/self/status") as status:
-                return next(int(line.split()[1]) / 1024 for line in status if line.startswith("RssAnon"))
 
         before = anon()
         buffers = [pa.allocate_buffer(64 << 10) for _ in range(2000)]
@@ -102,13 +106,7 @@ def test_a_load_hands_back_what_arrow_holds_free_even_when_pyarrow_came_first(tm
         kept = anon()
         trial = load_trial({str(tmp_path)!r})
         print(json.dumps({{"before": before, "kept": kept, "after": anon(), "events": len(trial.framework)}}))
-    """)
-    environment = {k: v for k, v in os.environ.items() if k != "MIMALLOC_PURGE_DELAY"}
-    out = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
-                         check=True, timeout=120).stdout
-    import json
-
-    found = json.loads(out.strip().splitlines()[-1])
+    """))
     assert found["events"] > 0
     assert found["kept"] - found["before"] > 100  # pyarrow came first: freed memory was kept
     assert found["after"] - found["before"] < 40  # until the load handed it back

@@ -21,10 +21,10 @@ import pytest
 
 import dashboard
 from dashboard import format as fmt
+from tests.conftest import ROOT, free_port
 
 pytestmark = pytest.mark.torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MP_ITER = "_MultiProcessingDataLoaderIter"
 SP_ITER = "_SingleProcessDataLoaderIter"
 
@@ -506,11 +506,7 @@ def test_s3_output_uploaded_as_files_close(tmp_path, s3_endpoint, s3_client):
 
 def test_each_rank_writes_its_own_node(tmp_path):
     """Two ranks of a torch.distributed (gloo) job, each under the command line, one trial."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     script = tmp_path / "ddp.py"
     script.write_text(
         "import os, torch, torch.distributed as dist\n"

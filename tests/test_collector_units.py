@@ -22,6 +22,7 @@ from dashboard.collector import protocol
 from dashboard.collector.identity import identify
 from dashboard.collector.sink import SinkConfig, run_sink
 from dashboard.collector.writer import SystemMetricsWriter, TraceWriter
+from tests.conftest import ROOT
 
 T0 = 1_795_986_600_000_000  # epoch us, 2026-11-29 21:50 UTC
 
@@ -323,8 +324,7 @@ def test_wrong_arguments_are_errors_before_training(kwargs):
 
 
 def test_command_line_needs_a_script(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root)
+    env = dict(os.environ, PYTHONPATH=ROOT)
     done = subprocess.run([sys.executable, "-m", "dashboard.collector", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=str(tmp_path))
     assert done.returncode == 2 and "no script" in done.stderr
@@ -334,12 +334,11 @@ def test_command_line_needs_a_script(tmp_path):
 
 
 def test_collector_imports_neither_pandas_nor_dash():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = ("import sys; import dashboard.collector as c; from dashboard.collector import collector, hooks, "
             "sink, system, worker, writer; import dashboard.trial.store; "
             "print(sorted(m for m in ('pandas', 'dash', 'pyarrow', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=root), check=True)
+                          env=dict(os.environ, PYTHONPATH=ROOT), check=True)
     assert done.stdout.strip() == "[]"
 
 

@@ -31,9 +31,8 @@ from dashboard.trial.kineto_format import parse_kineto_file
 from dashboard.trial.load import load_trial
 from dashboard.trial.load import classify_key
 
-from conftest import upload_folder
+from tests.conftest import ROOT, upload_folder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.torch
 MP_NEXT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 SP_NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -215,21 +214,11 @@ def test_a_trace_read_in_pieces_is_never_read_whole(two_loaders, tmp_path, gz):
     (folder / key).write_bytes(gzip.compress(data) if gz else data)
     whole = parse_kineto_file(data, "rank0.pt.trace.json")
 
-    class InPieces(CountingStore):
-        def __init__(self, store, size):
-            super().__init__(store)
-            self.size, self.pieces = size, 0
-
-        def iter_chunks(self, key):
-            for piece in self.store.iter_chunks(key, self.size):
-                self.pieces += 1
-                yield piece
-
     for size in (97, 4096, 1 << 20):
-        store = InPieces(LocalStore(str(folder)), size)
+        store = CountingStore(LocalStore(str(folder)), chunk_bytes=size)
         trial = load_trial(str(folder), store=store)
         assert store.reads == []  # never read() whole
-        assert store.pieces == -(-(folder / key).stat().st_size // size)
+        assert len(store.pieces) == -(-(folder / key).stat().st_size // size)
         got = trial.framework[["name", "start_us", "end_us", "pid"]].astype(str).to_numpy().tolist()
         want = whole.table.select(["name", "start_us", "end_us", "pid"]).to_pandas().astype(str).to_numpy().tolist()
         assert sorted(map(tuple, got)) == sorted(map(tuple, want))
@@ -243,21 +232,13 @@ def test_a_trace_over_the_byte_limit_stops_while_it_is_read(two_loaders, tmp_pat
 
     name = os.listdir(two_loaders["folder"])[0]
     size = os.path.getsize(os.path.join(two_loaders["folder"], name))
-    read = []
-
-    class Watched(CountingStore):
-        def iter_chunks(self, key):
-            for piece in self.store.iter_chunks(key, 4096):
-                read.append(len(piece))
-                yield piece
-
     # Listed when it was small (a trace still being written): the listing passes the limit,
     # the bytes read do not.
-    store = Watched(LocalStore(two_loaders["folder"]))
+    store = CountingStore(LocalStore(two_loaders["folder"]), chunk_bytes=4096)
     listed = [FileInfo(info.key, 100, info.version) for info in store.list()]
     with pytest.raises(TrialTooLargeError, match="over the limit"):
         load_trial(two_loaders["folder"], store=store, files=listed, max_bytes=size // 2, threads=1)
-    assert 0 < sum(read) <= size // 2 + 4096  # stopped at the limit, not after reading the whole file
+    assert 0 < sum(store.pieces) <= size // 2 + 4096  # stopped at the limit, not after reading the whole file
 
 
 def test_ranks_from_distributed_info_become_nodes(tmp_path):

@@ -21,6 +21,7 @@ from dashboard.synthetic import write_trial
 from dashboard.trial.errors import TrialError
 from dashboard.trial.load import load_trial
 from dashboard.trial.store import S3Store
+from tests.conftest import free_port
 
 FAKE_SECRET = "fAkeSecret/S3Faults+0123456789abcdefghijklmn"
 BUCKET, PREFIX = "faults", "job-1/profiler-output"
@@ -113,14 +114,8 @@ def test_server_stops_mid_load_then_a_retry_reads_everything(server, tmp_path):
     assert len(trial.system) == synthetic.system_samples
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_dead_endpoint_fails_within_seconds(monkeypatch):
-    endpoint = f"http://127.0.0.1:{_free_port()}"
+    endpoint = f"http://127.0.0.1:{free_port()}"
     use_endpoint(monkeypatch, endpoint)
     started = time.monotonic()
     with pytest.raises(TrialError) as caught:

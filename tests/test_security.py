@@ -8,7 +8,6 @@ import logging
 import os
 import posixpath
 import re
-import socket
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from dashboard.trial.errors import (TrialAccessError, TrialError, TrialNotFoundE
                                     TrialTooLargeError)
 from dashboard.trial.load import load_trial
 from dashboard.trial.store import LocalStore
-from tests.conftest import ROOT, upload_folder
+from tests.conftest import ROOT, CountingStore, free_port, upload_folder
 
 FAKE_KEY_ID = "AKIAFAKEKEYID0000042"
 FAKE_SECRET = "fAkeSecret/NeverLogMe+0123456789abcdefghijkl"
@@ -158,12 +157,6 @@ def test_s3_bucket_allow_list(s3_endpoint, s3_client, tmp_path):
         load_trial("s3://other-trials/job", s3_buckets=[])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_credentials_never_reach_messages_or_logs(s3_endpoint, s3_client, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", FAKE_KEY_ID)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
@@ -179,7 +172,7 @@ def test_credentials_never_reach_messages_or_logs(s3_endpoint, s3_client, tmp_pa
         messages.append(str(caught.value))
     assert load_trial("s3://creds/job").report.files_read > 0
     # unreachable endpoint
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", dead)
     with pytest.raises(TrialError) as caught:
         load_trial("s3://creds/job")
@@ -210,16 +203,6 @@ def test_missing_credentials_are_a_clear_error(s3_endpoint, monkeypatch, tmp_pat
 
 # --- size limits ------------------------------------------------------------------------
 
-class CountingStore(LocalStore):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.reads = 0
-
-    def read(self, key):
-        self.reads += 1
-        return super().read(key)
-
-
 def test_event_limit_refuses_the_trial_and_stops_reading(tmp_path):
     synthetic = write_trial(str(tmp_path), epochs=10, train_batches=10, val_batches=0, rotate_s=0.0001)
     total = len(synthetic.events) + synthetic.system_samples
@@ -232,10 +215,10 @@ def test_event_limit_refuses_the_trial_and_stops_reading(tmp_path):
     assert str(caught.value) == (f"{tmp_path}: trial holds more than the limit of {total - 1:,} events "
                                  f"(framework events and system samples)")
     # a low limit stops the load after a few files, not after reading them all
-    store = CountingStore(str(tmp_path))
+    store = CountingStore(LocalStore(str(tmp_path)))
     with pytest.raises(TrialTooLargeError, match="limit of 5 events"):
         load_trial(str(tmp_path), max_events=5, store=store)
-    assert store.reads <= 10 < files
+    assert len(store.reads) <= 10 < files
     done = run_app("analyze", str(tmp_path), "--json")  # no limit on the command line
     assert done.returncode == 0
 

@@ -20,8 +20,8 @@ from dashboard import format as fmt
 from dashboard.analysis import verdict as v
 from dashboard.collector.writer import SystemMetricsWriter, TraceWriter
 from dashboard.report import to_dict, to_text
+from tests.conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_US = 1_795_986_600_000_000
 MAIN_PID = 4242
 MP, SP = "_MultiProcessingDataLoaderIter", "_SingleProcessDataLoaderIter"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -20,17 +19,14 @@ import pytest
 from selenium.webdriver.common.action_chains import ActionChains
 
 import dashboard
-from conftest import upload_folder
 from dashboard import synthetic
 from dashboard.web.server import SAMPLE_TRIAL, ServerOptions, create_app
+from tests.conftest import ROOT, free_port, upload_folder
 from test_web_units import costly_starts, record_kineto_trace, training_percent, with_margin
 
 pytestmark = pytest.mark.browser
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Outliers are shown with half their length of context on each side, at least 1 ms.
-OUTLIER_MARGIN, MIN_MARGIN_US = 0.5, 1_000
 # plotly.js keeps dates to 0.1 ms: axis ranges read back from the browser are that close.
 PLOTLY_DATE_US = 100
 GRAPHS = ["init-graph", "workers-graph", "getnext-histogram", "getnext-timeline", "batchtime-graph",
@@ -70,11 +66,6 @@ def write(folder, **options) -> synthetic.SyntheticTrial:
 
 
 # --- the browser -------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(dash_duo, tmp_path, trial, **options):
@@ -280,8 +271,7 @@ def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):
         row = table_rows(dash_duo, "getnext-outliers")[rank]
         scroll_to(driver, row)  # the page scrolled to the timeline after the last click
         row.find_elements("css selector", ".ag-cell")[2].click()
-        margin = max(int(outlier.duration_us * OUTLIER_MARGIN), MIN_MARGIN_US)
-        want_lo, want_hi = outlier.start_us - margin, outlier.end_us + margin
+        want_lo, want_hi = with_margin(outlier.start_us, outlier.end_us)
         wait_until(lambda: window_range(dash_duo) == (want_lo, want_hi), message=f"the window of outlier {rank}")
         # The timeline follows: the detail and the overview show that window.
         for graph in ("window-graph", "overview-graph"):
@@ -492,6 +482,7 @@ def test_the_verdict_and_findings_lead_the_summary_and_show_their_evidence(dash_
     assert (iso_us(query["start"][0]), iso_us(query["end"][0])) == want
 
 
+@pytest.mark.torch
 def test_a_kineto_trace_says_not_recorded_instead_of_zero(dash_duo, tmp_path):
     calls = record_kineto_trace(tmp_path / "trace")  # a real torch.profiler run
     start(dash_duo, tmp_path, tmp_path / "trace")

@@ -19,6 +19,7 @@ from dashboard.analysis import dataloader, decimate
 from dashboard.trial.errors import NotATrialError, TrialAccessError, TrialNotFoundError
 from dashboard.web import figures, views
 from dashboard.web.cache import TrialCache
+from tests.conftest import ROOT
 
 
 # --- decimation ----------------------------------------------------------------------------------
@@ -255,7 +256,6 @@ def test_loads_of_one_trial_at_once_read_it_once(tmp_path):
     """Four server processes (each its own cache object on the shared folder) asked for the
     same new trial at the same moment: one reads it, the others wait and get its result."""
     import threading
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     folder = str(tmp_path / "trial")
@@ -268,7 +268,11 @@ def test_loads_of_one_trial_at_once_read_it_once(tmp_path):
 
         def progress(done, total):
             events[n].append("read")
-            time.sleep(0.02)  # a slow disk: the read outlasts the others' arrival
+            # A slow disk: the read outlasts the others' arrival (however late a loaded
+            # machine lets them start), and goes on once all three wait for it.
+            deadline = time.monotonic() + 30
+            while sum("waited" in events[m] for m in range(4)) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
 
         gate.wait()
         return cache.load(folder, roots=[str(tmp_path)], on_progress=progress,
@@ -325,11 +329,10 @@ def test_a_load_whose_process_was_killed_does_not_hold_the_trial(tmp_path, reape
     cache_dir = str(tmp_path / "cache")
     key = TrialCache(cache_dir, 64).load(folder, roots=[str(tmp_path)])[0]
     TrialCache(cache_dir, 64).disk.clear()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, %r); from dashboard.web.cache import TrialCache\n"
         "with TrialCache(%r, 64)._computing(%r):\n    print('holding', flush=True); time.sleep(600)")
-        % (root, cache_dir, f"trial:{key}")], stdout=subprocess.PIPE, text=True)
+        % (ROOT, cache_dir, f"trial:{key}")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "holding"
         holder.send_signal(signal.SIGKILL)
@@ -656,6 +659,7 @@ def kineto_trial(tmp_path_factory):
     return str(folder), record_kineto_trace(folder)
 
 
+@pytest.mark.torch
 def test_a_kineto_trace_says_not_recorded_instead_of_zero(kineto_trial):
     import dashboard
     from dashboard.web import layout
@@ -684,6 +688,7 @@ def test_a_kineto_trace_says_not_recorded_instead_of_zero(kineto_trial):
     assert component_text(by_id(page, "not-recorded")) == data["not_recorded"]
 
 
+@pytest.mark.torch
 def test_a_mixed_trial_says_where_it_was_not_recorded(kineto_trial, tmp_path):
     import dashboard
 

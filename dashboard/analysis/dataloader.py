@@ -186,7 +186,8 @@ def _class_codes(names: pd.Series) -> np.ndarray:
     return pd.factorize(per_name)[0][codes]
 
 
-def _int_or(values: pd.Series, missing: int) -> np.ndarray:
+def ints_or(values: pd.Series, missing: int) -> np.ndarray:
+    """An integer column (pid, worker id) as int64, `missing` where it is not known."""
     return values.to_numpy(dtype=np.int64, na_value=missing)
 
 
@@ -205,7 +206,7 @@ def _segments(framework: pd.DataFrame) -> _Segments:
     rows = np.flatnonzero(is_call | (framework["kind"] == fmt.KIND_INIT).to_numpy())
     calls_first = is_call[rows]
     node = _codes(framework["node"])[rows]
-    pid = _int_or(framework["pid"], -1)[rows]
+    pid = ints_or(framework["pid"], -1)[rows]
     cls = _class_codes(framework["name"])[rows]
     start = framework["start_us"].to_numpy(dtype=np.int64)[rows]
     # Initializations of the call's class on the call's process that started before it (or
@@ -221,7 +222,7 @@ def _segments(framework: pd.DataFrame) -> _Segments:
     # The calls alone, by process and time.
     call_rows = np.flatnonzero(calls_first)
     node, pid, cls, start, inits_before = (a[call_rows] for a in (node, pid, cls, start, inits_before))
-    iterator_id = _int_or(framework["iterator_id"], -1)[rows[call_rows]]
+    iterator_id = ints_or(framework["iterator_id"], -1)[rows[call_rows]]
     order = np.lexsort((start, pid, node))
     new = np.zeros(len(order), dtype=bool)
     new[:1] = True
@@ -240,8 +241,9 @@ def iterator_segments(framework: pd.DataFrame) -> pd.Series:
     carry an explicit iterator_id, which then also splits persistent-worker epochs.
     """
     found = _segments(framework)
-    by_row = pd.Series(found.segment, index=framework.index[found.rows], dtype="int64")
-    return by_row.reindex(framework.index[(framework["kind"] == fmt.KIND_GETNEXT).to_numpy()])
+    in_frame_order = np.argsort(found.rows)  # found.rows are exactly the GetNexts' positions
+    return pd.Series(found.segment[in_frame_order], index=framework.index[found.rows[in_frame_order]],
+                     dtype="int64")
 
 
 def analyze_batchtime(framework: pd.DataFrame,

@@ -454,7 +454,8 @@ def _persistent_workers(node: _Node) -> list[Recommendation]:
             sort=False):
         if workers is None or workers <= 0 or len(group) < 2:
             continue
-        mine = calls.loc[(calls["pid"] == pid) & (calls["cls"] == cls), ["start_us", "duration_us", "index"]]
+        mine = calls.loc[(calls["pid"] == pid) & (calls["cls"] == cls),
+                         ["start_us", "end_us", "duration_us", "index"]]
         steady = mine.loc[mine["index"] > 0, "duration_us"]
         baseline = float(steady.median()) if len(steady) >= MIN_BATCHES else 0.0
         group = group.sort_values("start_us")
@@ -464,8 +465,11 @@ def _persistent_workers(node: _Node) -> list[Recommendation]:
             firsts = mine[(mine["start_us"] >= init["end_us"]) & (mine["start_us"] < until)]
             first_us = float(firsts["duration_us"].iloc[0]) if len(firsts) else None
             extra = max(0.0, first_us - baseline) if first_us is not None else 0.0
-            starts.append({"start_us": int(init["start_us"]), "init_s": init["duration_us"] / 1e6,
-                           "first_batch_s": None if first_us is None else first_us / 1e6,
+            # A start runs from its initialization to the end of its first batch (or of the
+            # initialization, when no batch followed).
+            end_us = int(firsts["end_us"].iloc[0]) if len(firsts) else int(init["end_us"])
+            starts.append({"start_us": int(init["start_us"]), "end_us": end_us,
+                           "init_s": init["duration_us"] / 1e6, "first_batch_s": None if first_us is None else first_us / 1e6,
                            "startup_s": (init["duration_us"] + extra) / 1e6})
         startup_us = float(np.median([s["startup_s"] for s in starts])) * 1e6
         count = len(starts)

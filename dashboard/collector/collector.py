@@ -48,11 +48,11 @@ def _package_root() -> str:
 class _Buffer:
     """The training process's side of the record stream.
 
-    GetNext records go straight into an int64 array, four numbers per batch, appended
-    lock-free by the hooks: no object survives a batch, so recording adds nothing for
-    the garbage collector to track. Control records (iter() calls, rare) are kept
-    apart with the index of the GetNext record they precede, under a lock that only
-    they and `drain()` take; `drain()` frames everything so far in order.
+    GetNext records go straight into an int64 array, three numbers per batch (start,
+    end, source), appended lock-free by the hooks: no object survives a batch, so
+    recording adds nothing for the garbage collector to track. Control records (iter()
+    calls, rare) are kept apart with the index of the GetNext record they precede, under
+    a lock that only they and `drain()` take; `drain()` frames everything so far in order.
     """
 
     def __init__(self):
@@ -153,7 +153,8 @@ class Collector:
         self._sink_thread = None
         self._flusher = None
         self._stop_event = threading.Event()
-        self._send_lock = threading.Lock()
+        # Re-entrant: stop() holds it (with a timeout) around the last flush and close, which take it too.
+        self._send_lock = threading.RLock()
         self._spool_dir: str | None = None
         self._warned: set[str] = set()
 
@@ -205,8 +206,8 @@ class Collector:
             self._warn(f"the sink does not read its input; the trial in {self.out} may be incomplete")
             return
         try:
-            self._flush(locked=True)
-            self._close_stream(locked=True)
+            self._flush()
+            self._close_stream()
         finally:
             self._send_lock.release()
         self._wait_for_sink()
@@ -292,22 +293,18 @@ class Collector:
         while not self._stop_event.wait(self.flush_s):
             self._flush()
 
-    def _flush(self, locked: bool = False) -> None:
+    def _flush(self) -> None:
         try:
             data = self._buffer.drain()
             if self._buffer.dropped:
                 self._warn("the sink cannot keep up; some GetNext records were dropped")
             if data:
-                if locked:
+                with self._send_lock:
                     self._send(data)
-                else:
-                    with self._send_lock:
-                        self._send(data)
         except OSError as exc:
-            self._fail(f"the sink stopped ({exc}); recording stops, training goes on", locked)
+            self._fail(f"the sink stopped ({exc}); recording stops, training goes on")
         except Exception as exc:
-            self._fail(f"recording failed ({type(exc).__name__}: {exc}); recording stops, training goes on",
-                       locked)
+            self._fail(f"recording failed ({type(exc).__name__}: {exc}); recording stops, training goes on")
 
     def _send(self, data: bytes) -> None:
         """Write to the sink; the caller holds _send_lock."""
@@ -318,17 +315,15 @@ class Collector:
             written = os.write(self._fd, view)
             view = view[written:]
 
-    def _close_stream(self, locked: bool = False) -> None:
-        if not locked:
-            with self._send_lock:
-                return self._close_stream(locked=True)
-        if self._fd is None:
-            return
-        try:
-            os.write(self._fd, protocol.frame(protocol.QUIT))
-        except OSError:
-            pass
-        self._close_fd()
+    def _close_stream(self) -> None:
+        with self._send_lock:
+            if self._fd is None:
+                return
+            try:
+                os.write(self._fd, protocol.frame(protocol.QUIT))
+            except OSError:
+                pass
+            self._close_fd()
 
     def _close_fd(self) -> None:
         if self._fd is not None:
@@ -356,18 +351,15 @@ class Collector:
             self._warn(f"the sink exited with status {self.sink_returncode}: the trial in {self.out} "
                        "may be incomplete (see the messages above)")
 
-    def _fail(self, message: str, locked: bool = False) -> None:
+    def _fail(self, message: str) -> None:
         """Stop recording after a failure of our own; training goes on."""
         self._warn(message)
         if self._hooks is not None:
             self._hooks.uninstall()
         self._stop_event.set()
         self._buffer.clear()
-        if locked:
+        with self._send_lock:
             self._close_fd()
-        else:
-            with self._send_lock:
-                self._close_fd()
 
     def _warn(self, message: str) -> None:
         if message in self._warned:
@@ -393,7 +385,7 @@ class Collector:
         del self._buffer.getnext[:]
         self._buffer._controls = []
         self._buffer._lock = threading.Lock()
-        self._send_lock = threading.Lock()
+        self._send_lock = threading.RLock()
         self._close_fd()
         self._sink_process = None
         self._sink_thread = None

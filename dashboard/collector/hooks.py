@@ -153,14 +153,14 @@ class Hooks:
 
     def _make_process_data(self, original):
         adopt = self._adopt
-        unknown = protocol.WORKER_UNKNOWN
+        unknown, max_worker = protocol.WORKER_UNKNOWN, protocol.MAX_WORKER_ID  # bound once: per batch below
 
         def _process_data(self, data, worker_idx, *args, **kwargs):
             base = self._dlp_base
             if not base:
                 adopt(self)
                 base = self._dlp_base
-            known = type(worker_idx) is int and 0 <= worker_idx <= protocol.MAX_WORKER_ID
+            known = type(worker_idx) is int and 0 <= worker_idx <= max_worker
             self._dlp = base + (worker_idx if known else unknown) + 2
             return original(self, data, worker_idx, *args, **kwargs)
 
@@ -246,10 +246,9 @@ class Hooks:
     def _label(iterator, iid: int) -> None:
         """What the hot path reads: the iterator id, with worker -1 single-process and
         unknown until _process_data names the worker of a multi-process batch."""
-        base = iid << protocol.WORKER_BITS
-        iterator._dlp_base = base
+        iterator._dlp_base = iid << protocol.WORKER_BITS
         single = getattr(iterator, "_num_workers", 1) == 0
-        iterator._dlp = base + (-1 if single else protocol.WORKER_UNKNOWN) + 2
+        iterator._dlp = protocol.source(iid, -1 if single else protocol.WORKER_UNKNOWN)
 
     def _adopt(self, iterator) -> int:
         """An iterator created before the recording started: give it an id on first use."""

@@ -27,6 +27,8 @@ RECORD_FIELDS = 3
 WORKER_UNKNOWN = -2
 WORKER_BITS = 16
 MAX_WORKER_ID = (1 << WORKER_BITS) - 3
+MAX_FRAME = 64 << 20
+_LITTLE = sys.byteorder == "little"
 
 
 def source(iterator_id: int, worker_id: int) -> int:
@@ -37,8 +39,6 @@ def source(iterator_id: int, worker_id: int) -> int:
 def split_source(value: int) -> tuple[int, int]:
     """(iterator_id, worker_id) of a GetNext record's third number."""
     return value >> WORKER_BITS, (value & ((1 << WORKER_BITS) - 1)) - 2
-MAX_FRAME = 64 << 20
-_LITTLE = sys.byteorder == "little"
 
 
 def frame(kind: bytes, payload: bytes = b"") -> bytes:

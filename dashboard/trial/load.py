@@ -218,7 +218,7 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
         entry = _cached_parse(file_cache, cache_key) if cache_key is not None else None
         if entry is not None:  # unchanged since a load that read it: not read again
             guard.add_bytes(entry.nbytes)
-            guard.add_events(entry.digest, entry.parsed.table.num_rows if entry.parsed.table is not None else 0)
+            guard.add_events(entry.digest, entry.parsed.rows)
             return entry.parsed, entry.digest, None
         try:
             # Kineto traces run to GBs: read, counted, digested and scanned piece by piece.
@@ -257,7 +257,7 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
                 guard.check()
                 parsed = _PARSERS[kind](data, node)
             del data
-        guard.add_events(digest, parsed.table.num_rows if parsed.table is not None else 0)
+        guard.add_events(digest, parsed.rows)
         # Only files with events are worth keeping: the rest are cheap to read again.
         keep = _ParsedEntry(parsed, digest, nbytes) if cache_key is not None and parsed.table is not None else None
         return parsed, digest, keep
@@ -348,7 +348,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     # Kept only now that the whole load succeeded: a failed load leaves nothing behind.
     for cache_key, keep in fresh.items():
         file_cache[cache_key] = keep
-    fresh.clear()
+    fresh.clear()  # its entries hold the tables: let framework_frame free each as it converts it
     kinds = {kind for _, kind, _ in jobs}
     trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"
     kineto_nodes = sorted({node for table in tables[KINETO]

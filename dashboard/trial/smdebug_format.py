@@ -60,6 +60,10 @@ class ParsedFile:
     problems: list[str] = field(default_factory=list)  # why lines were skipped
     error: str | None = None  # why the whole file was skipped
 
+    @property
+    def rows(self) -> int:
+        return self.table.num_rows if self.table is not None else 0
+
 
 def decompress(key: str, data: bytes, max_size: int | None = None) -> bytes:
     """The file's bytes, gunzipped when the key ends with .gz.

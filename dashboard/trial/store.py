@@ -9,7 +9,6 @@ import hashlib
 import logging
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -282,22 +281,3 @@ def open_store(path: str, roots: Sequence[str] | None = None, s3_client=None,
             raise TrialAccessError(f"{path}: bucket {store.bucket!r} is not in the allowed buckets")
         return store
     return LocalStore(path, roots=roots)
-
-
-def read_many(store: Store, keys: Sequence[str], threads: int = READ_THREADS):
-    """Yields (key, bytes or OSError) for each key, reading concurrently.
-
-    An OSError (a file gone or unreadable) is the caller's to report as skipped; a
-    TrialError (S3 unreachable, access denied) fails the whole read.
-    """
-    def one(key):
-        try:
-            return key, store.read(key)
-        except OSError as exc:
-            return key, exc
-
-    if len(keys) <= 1:
-        yield from map(one, keys)
-        return
-    with ThreadPoolExecutor(max_workers=min(threads, len(keys))) as pool:
-        yield from pool.map(one, keys)

@@ -181,13 +181,14 @@ def register_callbacks(app, context: Context) -> None:
             view = get_view(context, store["key"], node)
             p = context.cache.memo(f"panels:{store['key']}:{node}", lambda: views.panels(view))
             verdict = context.cache.memo(f"verdict:{store['key']}:{node}", lambda: views.verdict_summary(view))
+            summary = context.cache.memo(f"summary:{store['key']}", lambda: views.summary(whole))
         except TrialEvicted:
             return [no_update] * (len(panel_outputs) - 1) + [EVICTED]
         except Exception as exc:  # noqa: BLE001
             return [no_update] * (len(panel_outputs) - 1) + [_unexpected("Showing the trial", exc)]
         init, workers, getnext, batch = p["init"], p["workers"], p["getnext"], p["batchtime"]
         return [
-            summary_component(views.summary(whole), verdict), options, node,
+            summary_component(summary, verdict), options, node,
             init["count"], init["median_us"], init["max_us"], init["iterators"], init["figure"],
             init["outlier_count"], init["outliers"], init["note"], workers["note"],
             workers["count"], workers["median_us"], workers["max_us"], workers["figure"],

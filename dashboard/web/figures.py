@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from .. import format as fmt
 from ..analysis import decimate
-from ..analysis.dataloader import BatchTimeResult, DurationStats, InitializationResult, Window
+from ..analysis.dataloader import BatchTimeResult, DurationStats, InitializationResult, Window, ints_or
 
 MAX_POINTS = 50_000
 OVERVIEW_COARSE_BUCKETS = 600
@@ -169,10 +169,6 @@ def _category_codes(values: pd.Series) -> tuple[np.ndarray, list[str]]:
     return values.cat.codes.to_numpy(), [str(c) for c in values.cat.categories]
 
 
-def _int_or(values: pd.Series, default: int) -> np.ndarray:
-    return values.astype("Int64").fillna(default).to_numpy(dtype="int64")
-
-
 @dataclass
 class GanttRows:
     row: np.ndarray  # per event, its row index
@@ -195,7 +191,7 @@ def gantt_rows(frame: pd.DataFrame, max_rows: int = MAX_GANTT_ROWS) -> GanttRows
     phase_codes, phase_names = _category_codes(frame["phase"])
     phase_names.append("?")
     worker_like = np.array([p in (fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH) for p in phase_names])[phase_codes]
-    pids, workers = _int_or(frame["pid"], -1), _int_or(frame["worker_id"], -1)
+    pids, workers = ints_or(frame["pid"], -1), ints_or(frame["worker_id"], -1)
     tag_names = ["pid", "worker", ""]
     for level in ("pid", "worker", "phase"):
         if level == "pid":

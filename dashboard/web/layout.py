@@ -4,7 +4,8 @@ from __future__ import annotations
 import dash_ag_grid as dag
 from dash import dcc, html
 
-from . import figures, views
+from . import figures
+from ..report import CLASS_WORDS
 from .views import duration_text
 
 
@@ -238,7 +239,7 @@ def build_layout(default_trial: str) -> html.Div:
     ])
 
 
-def summary_component(data: dict, verdict: dict | None = None) -> html.Div:
+def summary_component(data: dict, verdict: dict) -> html.Div:
     """The summary panel's body: the verdict and the findings first (views.verdict_summary()),
     then what was read (views.summary())."""
     skipped = data["files_skipped"]
@@ -257,8 +258,7 @@ def summary_component(data: dict, verdict: dict | None = None) -> html.Div:
             html.Summary(f"Why: {len(skipped)} file(s) skipped, {len(with_lines)} file(s) with skipped lines"),
             html.Ul([html.Li([html.Code(s["path"]), ": ", s["reason"]]) for s in (skipped + with_lines)[:200]]),
         ]))
-    children = verdict_component(verdict) if verdict is not None else []
-    return html.Div(children + [html.Div(className="summary-facts", children=facts)])
+    return html.Div(verdict_component(verdict) + [html.Div(className="summary-facts", children=facts)])
 
 
 def _code_text(text: str) -> list:
@@ -270,7 +270,7 @@ def _code_text(text: str) -> list:
 
 
 def _verdict_badge(cls: str, percent: str) -> html.Div:
-    words = views.CLASS_WORDS[cls]
+    words = CLASS_WORDS[cls]
     rest = words[len(cls):] if words.startswith(cls) else f": {words}"
     if cls == "none":
         figure = html.Span(["no verdict (", html.Span(percent, id=Ids.VERDICT_PERCENT), ")"],
@@ -311,7 +311,7 @@ def verdict_component(verdict: dict) -> list:
         children.append(html.Table(id=Ids.VERDICT_NODES, className="verdict-nodes", children=[
             html.Thead(html.Tr([html.Th("node"), html.Th("input-bound %"), html.Th("verdict")])),
             html.Tbody([html.Tr([html.Td(row["node"]), html.Td(row["percent"], className="number"),
-                                 html.Td(views.CLASS_WORDS[row["class"]], className=f"verdict-{row['class']}")],
+                                 html.Td(CLASS_WORDS[row["class"]], className=f"verdict-{row['class']}")],
                                 title=row["basis"], **{"data-node": row["node"]})
                         for row in verdict["nodes"]])]))
     if verdict["not_recorded"]:

@@ -9,6 +9,7 @@ developer passes --dev-debug.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import os
@@ -19,7 +20,7 @@ import dash
 from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
 from .callbacks import Context, register_callbacks
 from .layout import build_layout
-from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_TRIAL_MB, MB
+from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_TRIAL_MB, MB, limit
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_TRIAL = os.path.join(REPO_ROOT, "examples", "sample-trial", "trial")
@@ -77,16 +78,12 @@ def _split(value: str | None, sep: str) -> list[str]:
 
 
 def _limit(environ, name: str, default: int) -> int:
+    """A size limit from the environment, read as the command line reads one."""
     text = (environ.get(name) or "").strip()
-    if not text:
-        return default
     try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be a whole number (0: no limit), not {text!r}") from None
-    if value < 0:
-        raise ValueError(f"{name} must be 0 (no limit) or more, not {value}")
-    return value
+        return limit(text) if text else default
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def options_from_environment(environ=None) -> ServerOptions:

@@ -158,8 +158,7 @@ def check_patterns(select_events: str | None, select_dimensions: str | None) -> 
 
 
 def window_payload(view: TrialView, start_us: int, end_us: int, select_events: str | None = ".*",
-                   select_dimensions: str | None = ".*", uirevision: str | None = None,
-                   dragmode: str | None = None) -> dict:
+                   select_dimensions: str | None = ".*", dragmode: str | None = None) -> dict:
     """Everything a new window sends: the detail timeline, the refined overview and the range
     text. ValueError (naming the pattern) for an invalid regular expression."""
     start_us, end_us = int(start_us), int(end_us)
@@ -167,7 +166,7 @@ def window_payload(view: TrialView, start_us: int, end_us: int, select_events: s
     pad = view.sample_gap_us
     window = view.analysis.window(start_us - pad, end_us + pad, _patterns(select_events),
                                   _patterns(select_dimensions))
-    revision = uirevision or view.key or "trial"
+    revision = view.key or "trial"
     window_revision = f"{revision}:{start_us}:{end_us}"
     return {
         "window_figure": figures.window_figure_spec(window, uirevision=revision, x_range=(start_us, end_us),
@@ -193,10 +192,6 @@ def _int_text(value) -> str:
     return "-" if value is None or value is pd.NA else str(int(value))
 
 
-def _missing(value) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
-
-
 def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_nodes=()) -> list[dict]:
     """Table rows for an outliers frame (longest first); raw times ride along for clicks.
 
@@ -211,7 +206,7 @@ def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_nodes=()) ->
         out[value_column] = (float(value) if value_column == "batch_time_s" else int(value))
         for column in ("worker_id", "pid"):
             if column in row:
-                out[column] = None if _missing(row[column]) else int(row[column])
+                out[column] = None if pd.isna(row[column]) else int(row[column])
         if "worker_id" in row and out["worker_id"] is None and str(row.get("node")) in unrecorded:
             out["worker_id"] = NOT_RECORDED
         for column in ("node", "type"):
@@ -303,6 +298,13 @@ def _unrecorded_stats(note: str) -> dict:
             "figure": figures.empty_figure_spec(f"{NOT_RECORDED} ({KINETO_SOURCE})"), "note": note}
 
 
+def _duration_stats(stats: dataloader.DurationStats, outliers: list[dict]) -> dict:
+    """A duration panel's numbers (count, median, max, outliers) as the page shows them."""
+    return {"count": str(stats.count), "median_us": plain_number(stats.median_us, 1),
+            "max_us": plain_number(stats.max_us, 1), "outlier_count": str(len(stats.outliers)),
+            "outliers": outliers}
+
+
 def panels(view: TrialView) -> dict:
     """Numbers, figures and table rows of the four panels."""
     result = view.analysis
@@ -315,24 +317,18 @@ def panels(view: TrialView) -> dict:
     if unknown and "initialization" in trial.not_recorded:
         init_panel = {**_unrecorded_stats(init_note), "iterators": iterator_rows(init.iterators)}
     else:
-        init_panel = {"count": str(init.count), "median_us": plain_number(init.median_us, 1),
-                      "max_us": plain_number(init.max_us, 1), "outlier_count": str(len(init.outliers)),
+        init_panel = {**_duration_stats(init, outlier_rows(init.outliers, "duration_us")),
                       "iterators": iterator_rows(init.iterators),
-                      "outliers": outlier_rows(init.outliers, "duration_us"),
                       "figure": figures.initialization_figure(init), "note": init_note}
     if unknown and "workers" in trial.not_recorded:
         workers_panel = _unrecorded_stats(workers_note)
     else:
-        workers_panel = {"count": str(workers.count), "median_us": plain_number(workers.median_us, 1),
-                         "max_us": plain_number(workers.max_us, 1), "outlier_count": str(len(workers.outliers)),
-                         "outliers": outlier_rows(workers.outliers, "duration_us", no_ids),
+        workers_panel = {**_duration_stats(workers, outlier_rows(workers.outliers, "duration_us", no_ids)),
                          "figure": figures.workers_figure(workers), "note": workers_note}
     return {
         "init": init_panel,
         "workers": workers_panel,
-        "getnext": {"count": str(getnext.count), "median_us": plain_number(getnext.median_us, 1),
-                    "max_us": plain_number(getnext.max_us, 1), "outlier_count": str(len(getnext.outliers)),
-                    "outliers": outlier_rows(getnext.outliers, "duration_us", no_ids),
+        "getnext": {**_duration_stats(getnext, outlier_rows(getnext.outliers, "duration_us", no_ids)),
                     "histogram": figures.getnext_histogram(getnext, factor),
                     "timeline": figures.getnext_timeline(getnext, factor)},
         "batchtime": {"count": str(batch.count), "median_s": plain_number(batch.median_s, 7),
@@ -345,8 +341,6 @@ def panels(view: TrialView) -> dict:
 
 # --- the verdict and the findings -------------------------------------------------------------
 
-CLASS_WORDS = {"highly": "highly input-bound", "moderately": "moderately input-bound",
-               "not": "not input-bound", "none": "no GetNext"}
 # Evidence lists whose entries are moments of the job, and how one entry is named.
 _EVIDENCE_NAMES = {"batches": "batch", "first_batches": "first batch", "starts": "start", "windows": "stall"}
 
@@ -359,10 +353,8 @@ def _duration_text(us: int) -> str:
     return f"{us / 1e6:.2f} s" if us >= 1_000_000 else f"{us / 1e3:.1f} ms"
 
 
-def _evidence_span(entry: dict, node, getnext: pd.DataFrame) -> tuple[int, int] | None:
-    """The span of the job an evidence entry names: start_us with end_us or duration_s; a
-    worker start (start_us, init_s, first_batch_s) runs from its initialization to the end of
-    the first batch after it on its node."""
+def _evidence_span(entry: dict) -> tuple[int, int] | None:
+    """The span of the job an evidence entry names: start_us with end_us or duration_s."""
     start = entry.get("start_us")
     if not isinstance(start, (int, np.integer)):
         return None
@@ -371,24 +363,13 @@ def _evidence_span(entry: dict, node, getnext: pd.DataFrame) -> tuple[int, int] 
         return start, int(entry["end_us"])
     if isinstance(entry.get("duration_s"), (int, float)):
         return start, start + int(round(entry["duration_s"] * 1e6))
-    init_s, first_s = entry.get("init_s"), entry.get("first_batch_s")
-    if isinstance(init_s, (int, float)):
-        init_end = start + int(round(init_s * 1e6))
-        if isinstance(first_s, (int, float)) and len(getnext):
-            mine = getnext[(getnext["node"].astype(str) == str(node)) & (getnext["start_us"] >= init_end)]
-            if len(mine):
-                first = mine.loc[mine["start_us"].idxmin()]
-                if abs(int(first["duration_us"]) - first_s * 1e6) <= 1:  # the batch the finding names
-                    return start, int(first["end_us"])
-        return start, init_end
     return None
 
 
-def finding_windows(item: Recommendation, getnext: pd.DataFrame) -> list[dict]:
+def finding_windows(item: Recommendation) -> list[dict]:
     """The moments a finding's evidence names (batches, stalls, worker starts), each as a
     window of the timeline with the margin an outlier click gets."""
     out = []
-    node = item.evidence.get("node")
     for key, entries in item.evidence.items():
         if not isinstance(entries, list):
             continue
@@ -396,7 +377,7 @@ def finding_windows(item: Recommendation, getnext: pd.DataFrame) -> list[dict]:
         for number, entry in enumerate(entries, 1):
             if not isinstance(entry, dict):
                 continue
-            span = _evidence_span(entry, node, getnext)
+            span = _evidence_span(entry)
             if span is None or span[1] < span[0]:
                 continue
             if key == "batches" and "batch" in entry:
@@ -428,7 +409,6 @@ def verdict_summary(view: TrialView) -> dict:
     """The summary's first part: is the job input-bound, per node, and what to change."""
     assessment = view.assessment
     verdict = assessment.verdict
-    getnext = view.analysis.getnext.events
     nodes = assessment.nodes_verdict
     return {
         "class": verdict.class_ or "none",
@@ -438,7 +418,7 @@ def verdict_summary(view: TrialView) -> dict:
         "nodes": [{"node": node, "class": v.class_ or "none", "percent": _percent(v.input_percent),
                    "basis": v.basis} for node, v in nodes.items()] if len(nodes) > 1 else [],
         "findings": [{"id": item.id, "text": item.text, "saving": saving_text(item.saving_s),
-                      "windows": finding_windows(item, getnext)} for item in assessment.recommendations],
+                      "windows": finding_windows(item)} for item in assessment.recommendations],
         "not_recorded": not_recorded_text(view.trial),
     }
 
