@@ -299,20 +299,19 @@ S3_TRIAL = f"s3://{BUCKET}/{PREFIX}"
 
 
 class S3Server:
-    """moto's S3 API server on loopback, in this process. `arm(n)`: the n-th object GET (and
-    every later one) is held until `die()`, which stops the server and drops every connection
-    it holds (as a crashed server would); `start()` again serves on the same port, with the
-    objects kept (moto keeps its state in this process)."""
+    """moto's S3 API server on loopback, in this process. `arm(key)`: every GET of that object
+    of the trial, and of every object whose key sorts after it, is held until `die()`, which
+    stops the server and drops every connection it holds (as a crashed server would);
+    `start()` again serves on the same port, with the objects kept (moto keeps its state in
+    this process)."""
 
     def __init__(self):
         self.port = 0
         self.server = None
         self.endpoint = ""
-        self.armed_at: int | None = None
-        self.gets = 0
+        self.hold_from: str | None = None  # a path, /bucket/key
         self.held = threading.Event()
         self.dead = threading.Event()
-        self.lock = threading.Lock()
 
     def start(self) -> "S3Server":
         from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
@@ -330,7 +329,7 @@ class S3Server:
                 self._server_ready_event.set()
                 self._server.serve_forever()
 
-        self.armed_at, self.gets = None, 0
+        self.hold_from = None
         self.held.clear()
         self.dead.clear()
         self.server = Server(ip_address=HOST, port=self.port, verbose=False)
@@ -345,15 +344,12 @@ class S3Server:
                 self._drop(environ)
             if environ.get("PATH_INFO", "").startswith(f"/{SIGNATURE_BUCKET}"):
                 return self._signature_mismatch(environ, start_response)
-            if (self.armed_at is not None and environ["REQUEST_METHOD"] == "GET"
-                    and environ.get("PATH_INFO", "").startswith(f"/{BUCKET}/{PREFIX}/")):
-                with self.lock:
-                    self.gets += 1
-                    hold = self.gets >= self.armed_at
-                if hold:
-                    self.held.set()
-                    self.dead.wait(60)
-                    self._drop(environ)
+            object_path = environ.get("PATH_INFO", "")
+            if (self.hold_from is not None and environ["REQUEST_METHOD"] == "GET"
+                    and object_path.startswith(f"/{BUCKET}/{PREFIX}/") and object_path >= self.hold_from):
+                self.held.set()
+                self.dead.wait(60)
+                self._drop(environ)
             return app(environ, start_response)
 
         return serve
@@ -385,9 +381,8 @@ class S3Server:
                 pass
         raise ConnectionAbortedError("the S3 server died")  # werkzeug: a dropped connection, quietly
 
-    def arm(self, at_get: int) -> None:
-        with self.lock:
-            self.armed_at, self.gets = at_get, 0
+    def arm(self, hold_from_key: str) -> None:
+        self.hold_from = f"/{BUCKET}/{hold_from_key}"
 
     def die(self) -> None:
         self.server.stop()  # new connections are refused from here on
@@ -470,32 +465,46 @@ def test_s3_stops_mid_load_the_page_says_so_nothing_is_cached_and_a_retry_reads_
     assert s3.upload(str(tmp_path / "trial")) == files
     before = cache_keys(served.cache)
     page = served.page()
-    progress = []
+    progress, reading = [], threading.Event()
+    reads = re.compile(r"Read \d+ of %d files" % files)
 
-    s3.arm(at_get=20)  # the 20th object read, and every one after it, hangs ...
-    # ... for a second (the page polls the load's progress meanwhile), then the server dies. Dying
-    # at once raced the page's polls on a loaded machine: the load could fail between two.
-    killer = threading.Thread(target=lambda: (s3.held.wait(60), time.sleep(1.0), s3.die()))
+    def on_progress(outputs):
+        progress.append(outputs)
+        if reads.match(outputs.get("load-status.children") or ""):
+            reading.set()
+
+    # The 20th file in the load's (key) order and every one after it hang: the 19 before are
+    # read, whatever order the load's threads ask in. The server dies once the page has shown
+    # that reading progresses (dying at once raced the page's polls on a loaded machine).
+    listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=PREFIX + "/")["Contents"]
+    s3.arm(sorted(o["Key"] for o in listed)[19])
+    killer = threading.Thread(target=lambda: (s3.held.wait(60), reading.wait(30), s3.die()))
     killer.start()
     started = time.monotonic()
-    failed = load(page, S3_TRIAL, timeout_s=60, on_progress=progress.append)
-    killer.join(60)
-    assert s3.held.is_set(), "the load never reached the 20th file"
+    try:
+        failed = load(page, S3_TRIAL, timeout_s=60, on_progress=on_progress)
+        took = time.monotonic() - started
+    finally:
+        killer.join(60)
+        reached = s3.held.is_set()
+        if not s3.dead.is_set():  # the load ended before the fault played out
+            s3.die()
+        # The S3 server comes back on the same port (for the retry below, and for the
+        # module's other tests whatever happens here).
+        s3.start()
+    assert reached, "the load never reached the 20th file"
     message = failed.values.get("error-message.children")
     assert "trial-store.data" not in failed.values, "a failed load must not replace the page's trial"
     assert message and message.startswith(f"{S3_TRIAL}: cannot reach S3"), message
     assert not TRACEBACK.search(failed.text) and "\n" not in message
-    took = time.monotonic() - started
     print(f"the page said, {took:.1f} s after the load started: {message}")
     assert took < 30, "the error took too long to reach the page"
-    assert any(re.match(r"Read \d+ of %d files" % files, p.get("load-status.children") or "") for p in progress), \
-        progress
+    assert any(reads.match(p.get("load-status.children") or "") for p in progress), progress
     # Nothing of that load was cached, whole or partial.
     assert cache_keys(served.cache) - before == set()
     assert S3_TRIAL not in cached_trials(served.cache)
 
-    # The S3 server comes back on the same port: the same load now reads everything.
-    s3.start()
+    # The S3 server is back: the same load now reads everything.
     if s3.count() != files:
         s3.upload(str(tmp_path / "trial"))  # a moto that forgot its objects
     retried = load(served.page(), S3_TRIAL, timeout_s=60)
