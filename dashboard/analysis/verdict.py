@@ -469,7 +469,8 @@ def _persistent_workers(node: _Node) -> list[Recommendation]:
             # initialization, when no batch followed).
             end_us = int(firsts["end_us"].iloc[0]) if len(firsts) else int(init["end_us"])
             starts.append({"start_us": int(init["start_us"]), "end_us": end_us,
-                           "init_s": init["duration_us"] / 1e6, "first_batch_s": None if first_us is None else first_us / 1e6,
+                           "init_s": init["duration_us"] / 1e6,
+                           "first_batch_s": None if first_us is None else first_us / 1e6,
                            "startup_s": (init["duration_us"] + extra) / 1e6})
         startup_us = float(np.median([s["startup_s"] for s in starts])) * 1e6
         count = len(starts)
