@@ -1,7 +1,7 @@
 """Entry point.
 
     python app.py [serve] [--trial PATH] [--host 127.0.0.1] [--port 8050] ...
-    python app.py analyze TRIAL [--json] [--node NODE]
+    python app.py analyze TRIAL [--json] [--node NODE] [--what-if num_workers=8,in_order=false ...]
     gunicorn app:server          (configured through DASHBOARD_* environment variables)
 """
 from __future__ import annotations
@@ -20,6 +20,13 @@ def _analyze(args) -> int:
     from dashboard.report import to_dict, to_text
     from dashboard.trial.errors import TrialError
 
+    from dashboard.analysis.diagnosis import parse_what_if
+
+    try:
+        what_if = [parse_what_if(text) for text in args.what_if]
+    except ValueError as exc:
+        print(f"error: --what-if: {exc}", file=sys.stderr)
+        return 2
     try:
         result = analyze(args.trial, node=args.node, outlier_factor=args.outlier_factor,
                          max_bytes=args.max_bytes, max_events=args.max_events)
@@ -33,9 +40,9 @@ def _analyze(args) -> int:
         return 3
     try:
         if args.json:
-            sys.stdout.write(json.dumps(to_dict(result), allow_nan=False) + "\n")
+            sys.stdout.write(json.dumps(to_dict(result, what_if), allow_nan=False) + "\n")
         else:
-            print(to_text(result))
+            print(to_text(result, what_if=what_if))
         sys.stdout.flush()
     except BrokenPipeError:  # `analyze ... | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -51,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--node", help="only this node (framework node id or host, e.g. algo-1)")
     analyze.add_argument("--outlier-factor", type=float, default=2.0,
                          help="an outlier is a value above this x the median (default 2)")
+    analyze.add_argument("--what-if", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                         help="predict the wait and training time with changed DataLoader settings "
+                              "(num_workers, prefetch_factor, in_order, persistent_workers); repeatable")
     analyze.add_argument("--max-bytes", type=int, help="refuse trials larger than this many bytes")
     analyze.add_argument("--max-events", type=int, help="refuse trials with more events than this")
     from dashboard.web.options import add_serve_arguments

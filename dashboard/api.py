@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .analysis import dataloader
-from .analysis import verdict as verdict_analysis
+from .analysis import diagnosis
 from .analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis, Window
 from .trial.load import Trial, load_trial
 
@@ -41,22 +41,35 @@ class TrialAnalysis:
         return self.dataloader.batchtime
 
     @cached_property
-    def assessment(self) -> verdict_analysis.Assessment:
-        """Input-bound verdict (trial and per node) and recommendations, computed once."""
-        return verdict_analysis.assess(self.trial.framework, self.trial.system,
+    def assessment(self) -> diagnosis.Assessment:
+        """Input-bound verdict (trial and per node), wait budgets and recommendations,
+        computed once."""
+        return diagnosis.assess(self.trial.framework, self.trial.system,
                                        self.dataloader.outlier_factor)
 
     @property
-    def verdict(self) -> verdict_analysis.Verdict:
+    def verdict(self) -> diagnosis.Verdict:
         return self.assessment.verdict
 
     @property
-    def nodes_verdict(self) -> dict[str, verdict_analysis.Verdict]:
+    def nodes_verdict(self) -> dict[str, diagnosis.Verdict]:
         return self.assessment.nodes_verdict
 
     @property
-    def recommendations(self) -> list[verdict_analysis.Recommendation]:
+    def recommendations(self) -> list[diagnosis.Recommendation]:
         return self.assessment.recommendations
+
+    @property
+    def budget(self) -> list[diagnosis.LoaderBudget]:
+        """Per training loader per node: where its wait went, in parts that add up."""
+        return self.assessment.budget
+
+    def what_if(self, change: dict | str) -> list[diagnosis.WhatIf]:
+        """Predicted wait fraction and training time with changed DataLoader settings, per
+        training loader: {"num_workers": 8} or "num_workers=8,in_order=false"."""
+        if isinstance(change, str):
+            change = diagnosis.parse_what_if(change)
+        return self.assessment.predict(change)
 
     def window(self, start_us=None, end_us=None, select_events=(".*",),
                select_dimensions=(".*",)) -> Window:

@@ -47,6 +47,11 @@ def worker_event_name(iter_class: str) -> str:
 GETNEXT_NAME_RE = re.compile(r"(DataLoaderIter::GetNext|DataLoaderIter\.__next__|::GetNext$)")
 INIT_NAME_RE = re.compile(r"DataLoaderIter\.__init__$")
 WORKER_NAME_RE = re.compile(r"DataLoaderIter\.worker$")
+# In the DataLoaderIter phase an event is a GetNext (one batch) only if its name says so: the
+# phase may hold other iterator events. What writes GetNexts there: the reference and this
+# collector `<IterClass>::GetNext` (any iterator class, `_BaseDataLoaderIter` too), the Kineto
+# reader `enumerate(DataLoader)#<IterClass>.__next__` and `enumerate(DataPipe)#<Pipe>`.
+ITER_PHASE_GETNEXT_NAME_RE = re.compile(GETNEXT_NAME_RE.pattern + r"|^enumerate\(Data(?:Loader|Pipe)\)#")
 
 # Event args keys.
 ARG_PID = "pid"
@@ -57,6 +62,10 @@ ARG_PIN_MEMORY = "pin_memory"
 ARG_ITERATOR_ID = "iterator_id"  # collector: one id per iterator instance
 ARG_PERSISTENT = "persistent_workers"
 ARG_PREFETCH = "prefetch_factor"
+ARG_IN_ORDER = "in_order"
+# collector fetch events: the worker process's CPU time during the fetch (a fetch that
+# takes far longer than its CPU time waits on storage, the network or a lock)
+ARG_CPU_US = "cpu_us"
 ARG_START_TIME = "start_time_since_epoch_in_micros"
 
 # Layout of a trial.

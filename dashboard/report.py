@@ -53,7 +53,21 @@ def verdict_dict(verdict) -> dict:
 
 def recommendation_dict(item) -> dict:
     return {"id": item.id, "text": item.text, "evidence": _jsonable(item.evidence),
-            "saving_s": _num(item.saving_s)}
+            "saving_s": _num(item.saving_s), "change": _jsonable(item.change),
+            "predicted": _jsonable(item.predicted)}
+
+
+def budget_dict(item) -> dict:
+    return {"node": item.node, "loader": item.loader, "training_s": _num(item.training_s),
+            "wait_s": _num(item.wait_s), "parts": {k: _num(v) for k, v in item.parts.items()},
+            "bound": item.bound, "evidence": _jsonable(item.evidence),
+            "windows": {part: [{"start_us": s, "end_us": e} for s, e in spans]
+                        for part, spans in item.windows.items()}}
+
+
+def what_if_dict(item) -> dict:
+    return {"node": item.node, "loader": item.loader, "change": _jsonable(item.change),
+            "now": _jsonable(item.now), "predicted": _jsonable(item.predicted), "note": item.note}
 
 
 def not_recorded_anywhere(trial) -> bool:
@@ -65,7 +79,9 @@ def not_recorded_anywhere(trial) -> bool:
     return framework_nodes <= set(trial.kineto_nodes)
 
 
-def to_dict(result: TrialAnalysis) -> dict:
+def to_dict(result: TrialAnalysis, what_if: list[dict] | tuple = ()) -> dict:
+    """The `analyze --json` object; `what_if` adds the predictions of those changes (one
+    entry per training loader per change) to the recommendations' own."""
     trial, init, workers, getnext, batch = (result.trial, result.initialization, result.workers,
                                             result.getnext, result.batchtime)
     duration = {"start_us": ("start_us", int), "end_us": ("end_us", int),
@@ -77,6 +93,9 @@ def to_dict(result: TrialAnalysis) -> dict:
         "verdict": verdict_dict(result.verdict),
         "nodes_verdict": {node: verdict_dict(v) for node, v in result.nodes_verdict.items()},
         "recommendations": [recommendation_dict(r) for r in result.recommendations],
+        "budget": [budget_dict(b) for b in result.budget],
+        "what_if": [{**what_if_dict(w), "asked": True} for change in what_if for w in result.what_if(change)]
+        + [{**what_if_dict(w), "asked": False} for w in result.assessment.what_if],
         # What the trial's profiler did not record (Kineto: no iterator creation, no worker
         # processes, no worker ids), and on which nodes.
         "not_recorded": list(trial.not_recorded),
@@ -143,6 +162,41 @@ def verdict_text(verdict) -> str:
             f"data ({verdict.basis})")
 
 
+PART_WORDS = {"startup": "start-up", "throughput": "throughput", "imbalance": "slow worker",
+              "tail": "slow samples", "main_process": "in the main process", "residual": "unexplained"}
+BOUND_WORDS = {"latency": "workers wait (latency-bound)", "cpu": "workers compute (CPU-bound)",
+               "unknown": "what bounds the workers is not recorded"}
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f} %" if whole > 0 else "-"
+
+
+def _budget_lines(data: dict) -> list[str]:
+    """Where the wait went, per training loader."""
+    lines = []
+    for item in data["budget"]:
+        lines.append("")
+        lines.append(f"Wait budget of {item['loader']} on {item['node']}: {item['wait_s']:.2f} s of "
+                     f"{item['training_s']:.2f} s of training ({_percent(item['wait_s'], item['training_s'])}); "
+                     f"{BOUND_WORDS[item['bound']]}")
+        for part, seconds in sorted(item["parts"].items(), key=lambda kv: -abs(kv[1])):
+            if abs(seconds) >= 0.0005:
+                lines.append(f"  {PART_WORDS[part]:<20} {seconds:8.2f} s  {_percent(seconds, item['training_s']):>7}"
+                             " of training")
+    asked = [w for w in data["what_if"] if w["change"] and w.get("asked")]
+    for item in asked:
+        change = ", ".join(f"{k}={v}" for k, v in item["change"].items())
+        if item["predicted"] is None:
+            lines.append(f"What if {change} ({item['loader']} on {item['node']}): {item['note']}")
+            continue
+        now, then = item["now"], item["predicted"]
+        lines.append(f"What if {change} ({item['loader']} on {item['node']}): waiting "
+                     f"{100 * now['wait_fraction']:.1f} % -> {100 * then['wait_fraction']:.1f} %, training "
+                     f"{now['training_s']:.2f} s -> {then['training_s']:.2f} s")
+    return lines
+
+
 def _summary_lines(data: dict, result: TrialAnalysis) -> list[str]:
     """The verdict and the findings: what the report says first."""
     lines = [f"Verdict: {verdict_text(result.verdict)}"]
@@ -150,6 +204,7 @@ def _summary_lines(data: dict, result: TrialAnalysis) -> list[str]:
         for node, verdict in result.nodes_verdict.items():
             percent = "-" if verdict.input_percent is None else f"{verdict.input_percent:.1f} %"
             lines.append(f"  {node}: {percent} {CLASS_WORDS.get(verdict.class_, '')}")
+    lines += _budget_lines(data)
     findings = data["recommendations"]
     lines.append("")
     lines.append(f"Findings: {len(findings)}" if findings else "Findings: none (nothing to change)")
@@ -167,8 +222,8 @@ def _summary_lines(data: dict, result: TrialAnalysis) -> list[str]:
     return lines
 
 
-def to_text(result: TrialAnalysis, max_rows: int = 10) -> str:
-    data = to_dict(result)
+def to_text(result: TrialAnalysis, max_rows: int = 10, what_if: list[dict] | tuple = ()) -> str:
+    data = to_dict(result, what_if)
     trial = result.trial
     lines = _summary_lines(data, result)
     lines += [f"Trial {data['trial']} ({data['format']})",

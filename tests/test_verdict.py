@@ -17,7 +17,8 @@ import pytest
 
 import dashboard
 from dashboard import format as fmt
-from dashboard.analysis import verdict as v
+from dashboard.analysis import diagnosis as v
+from dashboard.analysis.diagnosis.findings import storage
 from dashboard.collector.writer import SystemMetricsWriter, TraceWriter
 from dashboard.report import to_dict, to_text
 from tests.conftest import ROOT
@@ -140,28 +141,61 @@ def test_workers_recreated_every_epoch_recommend_persistent_workers(tmp_path):
     init_us, first_us, steady_us = 400_000, 600_000, 1_000
     plant(str(tmp_path), epochs=3, batches=20, persistent=False, init_us=init_us, first_us=first_us,
           getnext_us=lambda *_: steady_us, step_us=30_000)
-    items = findings(str(tmp_path))
+    result = dashboard.analyze(str(tmp_path))
+    items = {r.id: r for r in result.recommendations}
     found = items["persistent_workers"]
-    startup_s = (init_us + first_us - steady_us) / 1e6  # each start, over a steady batch
-    assert found.evidence["initializations"] == 3
-    assert found.evidence["num_workers"] == 2
+    # The first batch of each start waits for the new workers, beyond a steady batch's wait.
+    startup_s = (first_us - steady_us) / 1e6
+    [budget] = result.budget
+    assert budget.parts["startup"] == pytest.approx(3 * startup_s, abs=1e-6)
+    assert budget.largest == "startup"
+    assert found.evidence["starts"] == 3 and found.evidence["num_workers"] == 2
     assert found.evidence["startup_s"] == pytest.approx(startup_s)
+    assert found.evidence["init_median_s"] == pytest.approx(init_us / 1e6)
+    # Persistent workers start once: the two later starts' waits are what it saves.
+    assert found.change == {"persistent_workers": True}
     assert found.saving_s == pytest.approx((3 - 1) * startup_s, abs=1e-3)
+    assert found.predicted["training_s"] == pytest.approx(budget.training_s - found.saving_s, abs=1e-3)
     assert "persistent_workers=True" in found.text
-    assert [s["start_us"] for s in found.evidence["starts"]] == [
-        START_US + e * (init_us + first_us + 19 * steady_us + 20 * 30_000 + 100_000) for e in range(3)]
-    # each start's first batch is the slow one: start-up cost is named too
-    assert items["startup"].evidence["iterators"] == 3
-    assert items["startup"].evidence["first_batch_s"] == pytest.approx(first_us / 1e6)
-    # the wait is start-up only: no worker-count advice
-    assert not {"more_workers", "cpu_saturated", "use_workers"} & set(items)
+    assert sorted(w["start_us"] for w in found.evidence["windows"]) == [
+        START_US + init_us + e * (init_us + first_us + 19 * steady_us + 20 * 30_000 + 100_000) for e in range(3)]
+    # one finding for the one part: start-up; no worker-count advice
+    assert set(items) == {"persistent_workers"}
+
+
+def test_persistent_workers_recorded_get_no_persistent_finding(tmp_path):
+    # The collector records persistent_workers on every iter(): a loader that already has
+    # them is never told to set them, however its epochs start.
+    from dashboard.collector.writer import TraceWriter
+
+    folder = str(tmp_path)
+    node = fmt.framework_node_id(MAIN_PID, 1)
+    writer = TraceWriter(folder, node, start_time_us=START_US, rotate_s=3600)
+    t = START_US
+    for epoch in range(3):
+        writer.complete(fmt.PHASE_INIT, fmt.init_event_name(MP), t, t + 1_000,
+                        {fmt.ARG_PID: MAIN_PID, fmt.ARG_NUM_WORKERS: 2, fmt.ARG_PIN_MEMORY: False,
+                         fmt.ARG_PERSISTENT: True, fmt.ARG_PREFETCH: 2, fmt.ARG_ITERATOR_ID: epoch + 1})
+        t += 1_000
+        for batch in range(20):
+            duration = 300_000 if batch == 0 else 500
+            writer.complete(fmt.PHASE_ITER, fmt.getnext_event_name(MP), t, t + duration,
+                            {fmt.ARG_PID: MAIN_PID, fmt.ARG_WORKER_ID: batch % 2, fmt.ARG_ITERATOR_ID: epoch + 1})
+            t += duration + 20_000
+    writer.close()
+    result = dashboard.analyze(folder)
+    [budget] = result.budget
+    assert budget.evidence["persistent_workers"] is True
+    assert budget.parts["startup"] == pytest.approx(3 * (0.3 - 0.0005), abs=1e-6)
+    assert "persistent_workers" not in {r.id for r in result.recommendations}
 
 
 def test_one_slow_worker_is_named_with_its_batches(tmp_path):
     slow, fast = 80_000, 1_000
     planted = plant(str(tmp_path), batches=60, num_workers=4, step_us=20_000, cores=8, cpu_percent=30.0,
                     getnext_us=lambda epoch, batch, worker: slow if worker == 2 else fast)
-    items = findings(str(tmp_path))
+    result = dashboard.analyze(str(tmp_path))
+    items = {r.id: r for r in result.recommendations}
     assert set(items) == {"slow_worker"}
     found = items["slow_worker"]
     theirs = [(b, s, e) for _, b, w, s, e in planted.getnext if w == 2]
@@ -169,24 +203,43 @@ def test_one_slow_worker_is_named_with_its_batches(tmp_path):
     assert found.evidence["num_workers"] == 4
     assert [b["batch"] for b in found.evidence["batches"]] == [b for b, _, _ in theirs]
     assert [b["start_us"] for b in found.evidence["batches"]] == [s for _, s, _ in theirs]
-    assert found.evidence["stalls_on_worker"] == len(theirs) == 15
-    assert found.saving_s == pytest.approx(len(theirs) * (slow - fast) / 1e6, abs=1e-3)
+    # The imbalance: worker 2's batches wait beyond the others' wait, 15 of them.
+    [budget] = result.budget
+    assert budget.parts["imbalance"] == pytest.approx(len(theirs) * (slow - fast) / 1e6, abs=1e-6)
+    assert budget.largest == "imbalance"
+    # Out-of-order delivery lets the others through: it saves part of that, never more.
+    assert found.change == {"in_order": False}
+    assert 0 < found.saving_s <= budget.parts["imbalance"] + 1e-3
     assert "Worker 2" in found.text and "in_order=False" in found.text
+
+
+def test_waits_on_the_first_worker_in_line_are_the_pairing_effect(tmp_path):
+    # Alike workers under in-order delivery: the batch first in line each round (worker 0's)
+    # waits, the others are ready behind it. No worker is slow; the workers cannot keep up.
+    plant(str(tmp_path), batches=60, num_workers=2, step_us=10_000, cores=8, cpu_percent=30.0,
+          getnext_us=lambda epoch, batch, worker: 30_000 if worker == 0 else 500)
+    result = dashboard.analyze(str(tmp_path))
+    items = {r.id: r for r in result.recommendations}
+    assert "slow_worker" not in items
+    [budget] = result.budget
+    assert budget.parts["imbalance"] == 0
+    assert budget.largest == "throughput"
+    assert items["more_workers"].change["num_workers"] > 2
 
 
 def test_balanced_workers_are_not_blamed_when_fetch_times_say_so(tmp_path):
     # Waits land on worker 0's batches (first in each round), but every worker fetches in the
     # same time: all workers are at their limit, so more workers, not a slow one.
-    plant(str(tmp_path), batches=60, num_workers=4, step_us=20_000, cores=8, cpu_percent=30.0,
+    fetch_us, compute_us = 100_000, 20_000
+    plant(str(tmp_path), batches=60, num_workers=4, step_us=compute_us, cores=8, cpu_percent=30.0,
           getnext_us=lambda epoch, batch, worker: 30_000 if worker == 0 else 500,
-          fetch_us=lambda batch, worker: 100_000)
+          fetch_us=lambda batch, worker: fetch_us)
     items = findings(str(tmp_path))
     assert "slow_worker" not in items
     found = items["more_workers"]
-    # W x batch time / compute time, capped by the free cores and cores - 1
-    batch_us = (30_000 + 3 * 500 + 4 * 20_000) / 4
-    needed = math.ceil(4 * batch_us / 20_000)
-    assert found.evidence["suggested_num_workers"] == min(8 - 1, 4 + math.floor(8 * 0.7), needed)
+    # Workers deliver num_workers / fetch batches a second, the loop takes 1 / compute: the
+    # smallest count that keeps up is fetch / compute.
+    assert found.evidence["suggested_num_workers"] == math.ceil(fetch_us / compute_us) == 5
 
 
 def test_saturated_cpus_say_more_workers_will_not_help(tmp_path):
@@ -196,8 +249,13 @@ def test_saturated_cpus_say_more_workers_will_not_help(tmp_path):
     found = items["cpu_saturated"]
     assert found.evidence["cpu_percent"] == 97.0
     assert found.evidence["cores"] == 4
-    assert found.evidence["input_percent"] == pytest.approx(50.0)
-    assert "will not help" in found.text and found.saving_s is None
+    assert found.evidence["bound"] == "cpu"
+    assert "will not help" in found.text and found.change is None
+    # Its seconds are the throughput part: all of the steady waiting.
+    assert found.saving_s == pytest.approx(40 * 30_000 / 1e6, abs=1e-3)
+    # The model's own word on more workers: little or nothing (the cores are used up).
+    doubled = found.evidence["more_workers_predicted"]
+    assert doubled["training_s"] >= 0.9 * (40 * 60_000 / 1e6)
 
 
 def test_cpu_headroom_suggests_a_worker_count_and_its_saving(tmp_path):
@@ -207,12 +265,16 @@ def test_cpu_headroom_suggests_a_worker_count_and_its_saving(tmp_path):
     items = findings(str(tmp_path))
     assert set(items) == {"more_workers"}
     found = items["more_workers"]
+    # Two workers deliver a batch every wait + compute: each takes 2 x (wait + compute) to
+    # fetch one; keeping up with the compute needs that over compute workers.
     batch = wait + compute
-    suggested = min(8 - 1, 2 + math.floor(8 * 0.7), math.ceil(2 * batch / compute))
+    suggested = math.ceil(2 * batch / compute)
     assert suggested == 4
     assert found.evidence["suggested_num_workers"] == suggested
+    assert found.change == {"num_workers": 4}
     new_batch = max(compute, batch * 2 / suggested)
-    assert found.saving_s == pytest.approx(batches * (batch - new_batch) / 1e6, abs=1e-3)
+    # The steady identity leaves out the pipeline's first fill: one fetch time, 120 ms.
+    assert found.saving_s == pytest.approx(batches * (batch - new_batch) / 1e6, abs=2 * batch / 1e6)
     assert "num_workers` from 2 to 4" in found.text
 
 
@@ -220,14 +282,20 @@ def test_input_bound_single_process_loader_is_told_to_use_workers(tmp_path):
     batches, wait, compute = 40, 40_000, 20_000
     plant(str(tmp_path), batches=batches, num_workers=0, cls=SP, getnext_us=lambda *_: wait, first_us=wait,
           step_us=compute, cpu_percent=30.0, cores=4)
-    items = findings(str(tmp_path))
+    result = dashboard.analyze(str(tmp_path))
+    items = {r.id: r for r in result.recommendations}
     assert set(items) == {"use_workers"}
+    [budget] = result.budget
+    assert budget.parts["main_process"] == pytest.approx(batches * wait / 1e6)
     found = items["use_workers"]
-    suggested = min(4 - 1, max(2, math.ceil(wait / compute)))
+    suggested = math.ceil(wait / compute)  # workers that fetch in `wait` keep up with `compute`
     assert found.evidence["suggested_num_workers"] == suggested == 2
     assert found.evidence["num_workers"] == 0
-    assert found.saving_s == pytest.approx(batches * (wait + compute - max(compute, wait / suggested)) / 1e6,
-                                           abs=1e-3)
+    # All the wait (two workers fetching in `wait` keep up with `compute`) but what the
+    # workers still cost: the pipeline's first fill (one fetch) and a delivery per batch
+    # (0.5 ms assumed for workers a trial has not seen).
+    steady = batches * (wait + compute - max(compute, wait / suggested))
+    assert found.saving_s == pytest.approx((steady - wait - batches * 500) / 1e6, abs=2e-3)
     assert "num_workers=2" in found.text
 
 
@@ -249,7 +317,7 @@ def test_io_wait_during_stalls_is_storage_bound(tmp_path):
     found = items["storage_bound"]
     assert found.evidence["stalls"] == len(stall_batches)
     assert sorted(w["start_us"] for w in found.evidence["windows"]) == [s for s, _ in windows]
-    assert found.evidence["iowait_percent"] >= v.IOWAIT_HIGH_PERCENT
+    assert found.evidence["iowait_percent"] >= storage.IOWAIT_HIGH_PERCENT
     assert found.evidence["iowait_elsewhere_percent"] == pytest.approx(0.5)
     assert found.saving_s == pytest.approx(len(stall_batches) * (stall - steady) / 1e6, abs=1e-3)
     assert planted.getnext == probe.getnext
@@ -298,7 +366,11 @@ def test_cli_json_and_text_lead_with_verdict_and_findings(tmp_path):
     node = fmt.framework_node_id(MAIN_PID, 1)
     assert data["nodes_verdict"][node]["class"] == "highly"
     [item] = data["recommendations"]
-    assert set(item) == {"id", "text", "evidence", "saving_s"} and item["id"] == "cpu_saturated"
+    assert set(item) == {"id", "text", "evidence", "saving_s", "change", "predicted"}
+    assert item["id"] == "cpu_saturated" and item["change"] is None
+    [budget] = data["budget"]
+    assert set(budget["parts"]) == {"startup", "throughput", "imbalance", "tail", "main_process", "residual"}
+    assert sum(budget["parts"].values()) == pytest.approx(budget["wait_s"], abs=1e-6)
     assert data["not_recorded"] == [] and data["initialization"]["count"] == 1
     text = to_text(dashboard.analyze(str(tmp_path)))
     assert text.startswith("Verdict: highly input-bound: 50.0 %")

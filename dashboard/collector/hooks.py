@@ -238,7 +238,8 @@ class Hooks:
                 "nw": int(getattr(loader, "num_workers", 0) or 0),
                 "pin": bool(getattr(loader, "pin_memory", False)),
                 "pers": bool(getattr(loader, "persistent_workers", False)),
-                "pf": _json_number(getattr(loader, "prefetch_factor", None))})
+                "pf": _json_number(getattr(loader, "prefetch_factor", None)),
+                "order": bool(getattr(loader, "in_order", True))})
         except Exception as exc:
             self.collector._warn(f"iter() not recorded ({type(exc).__name__}: {exc})")
 

@@ -202,7 +202,9 @@ class _Spool:
                 if not fields:
                     continue
                 if fields[0] == b"F" and state["start"] is not None:
-                    fetches.append((int(fields[1]), int(fields[2]), int(fields[3])))
+                    # the CPU time (5th field) is absent in spools of older collectors
+                    cpu_ns = int(fields[4]) if len(fields) > 4 else -1000
+                    fetches.append((int(fields[1]), int(fields[2]), int(fields[3]), cpu_ns))
                 elif fields[0] == b"S":
                     pid, wid, nw, iid, created, entry = (int(f) for f in fields[1:7])
                     state["start"] = {"pid": pid, "worker_id": wid, "num_workers": nw, "iid": iid,
@@ -391,7 +393,8 @@ class Sink:
             args = {fmt.ARG_PID: pid, fmt.ARG_NUM_WORKERS: record.get("nw"),
                     fmt.ARG_PIN_MEMORY: bool(record.get("pin")),
                     fmt.ARG_PERSISTENT: bool(record.get("pers")),
-                    fmt.ARG_PREFETCH: record.get("pf"), fmt.ARG_ITERATOR_ID: iid,
+                    fmt.ARG_PREFETCH: record.get("pf"), fmt.ARG_IN_ORDER: bool(record.get("order", True)),
+                    fmt.ARG_ITERATOR_ID: iid,
                     fmt.ARG_STEP: str(loader.batches)}
             self._write_one(self._pid_init, fmt.init_event_name(cls), start_us, end_us, args)
         elif kind == "adopt":  # an iterator created before the recording started
@@ -478,16 +481,18 @@ class Sink:
         trace_pid = self.trace.phase_pid(fmt.PHASE_WORKER_FETCH)
         head = ',\n{"name": %s, "pid": %d, "ph": "X", "ts": %%d, "dur": %%d, "args": {"pid": %d, ' % (
             _dumps(fetch_event_name(self._worker_class(start["iid"]))), trace_pid, start["pid"])
-        template = head + '"worker_id": %d, "iterator_id": %%d, "collate_us": %%d}}' % start["worker_id"]
+        template = head + ('"worker_id": %d, "iterator_id": %%d, "collate_us": %%d, "cpu_us": %%d}}'
+                           % start["worker_id"])
         spawned_by = self.iterators.get(start["iid"])
         loader = spawned_by.loader if spawned_by is not None else None
         base = self._base_us
         parts = []
         first_us, last_us = None, 0
-        for t0, t1, collate_ns in fetches:
+        for t0, t1, collate_ns, cpu_ns in fetches:
             start_us, end_us = t0 // 1000, t1 // 1000
             iid = loader.iterator_at(start_us, start["iid"]) if loader is not None else start["iid"]
-            parts.append(template % (start_us - base, max(0, end_us - start_us), iid, max(0, collate_ns) // 1000))
+            parts.append(template % (start_us - base, max(0, end_us - start_us), iid, max(0, collate_ns) // 1000,
+                                     cpu_ns // 1000 if cpu_ns >= 0 else -1))
             first_us = start_us if first_us is None else min(first_us, start_us)
             last_us = max(last_us, end_us)
         self.trace.write_events("".join(parts), first_us, last_us)

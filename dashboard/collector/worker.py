@@ -8,7 +8,8 @@ imports this module. Either way the worker records into its own spool file,
 `<spool>/<pid>.w`, one line per record:
 
     S <pid> <worker_id> <num_workers> <iterator_id> <created_ns> <entry_ns>
-    F <start_ns> <end_ns> <collate_ns>          (one per batch fetched, optional)
+    F <start_ns> <end_ns> <collate_ns> <cpu_ns> (one per batch fetched, optional; cpu_ns:
+                                                the process's CPU time during the fetch)
     E <end_ns> <how>                            (exit | term | error)
 
 `created_ns` is the process's creation time as the kernel recorded it (Linux, 10 ms
@@ -25,8 +26,12 @@ import os
 import signal
 import time
 
-FLUSH_EVERY_S = 1.0
-FLUSH_EVERY_RECORDS = 256
+# Each fetch record is written at once (one small write, a few microseconds against a
+# batch's milliseconds, in the worker, never the training process): a persistent worker
+# outlives the collector when the loader is still alive at stop(), and whatever it
+# held back then would be lost, and with it the diagnosis's service times.
+FLUSH_EVERY_S = 0.0
+FLUSH_EVERY_RECORDS = 1
 
 # The real torch worker loop, set by the training process (inherited by fork children).
 ORIGINAL_LOOP = None
@@ -137,9 +142,9 @@ class _Recorder:
             written = os.write(self.fd, data)
             data = data[written:]
 
-    def fetched(self, start_ns: int, end_ns: int) -> None:
+    def fetched(self, start_ns: int, end_ns: int, cpu_ns: int) -> None:
         try:
-            self.pending.append(f"F {start_ns} {end_ns} {self.collate_ns}\n")
+            self.pending.append(f"F {start_ns} {end_ns} {self.collate_ns} {cpu_ns}\n")
             self.collate_ns = 0
             if len(self.pending) >= FLUSH_EVERY_RECORDS or end_ns - self.last_flush_ns >= FLUSH_EVERY_S * 1e9:
                 self.flush(end_ns)
@@ -193,7 +198,7 @@ class _Recorder:
         from torch.utils.data._utils import fetch as torch_fetch
 
         recorder = self
-        now = time.time_ns
+        now, cpu_now = time.time_ns, time.process_time_ns
         for name in ("_MapDatasetFetcher", "_IterableDatasetFetcher"):
             cls = getattr(torch_fetch, name, None)
             original = getattr(cls, "fetch", None) if cls is not None else None
@@ -201,9 +206,12 @@ class _Recorder:
                 continue
 
             def fetch(self, possibly_batched_index, _original=original):
-                start = now()
+                # CPU time beside wall time tells a worker that computes from one that waits
+                # (storage, network, a lock): the what-if stretches only the computing part
+                # when workers outnumber the free cores.
+                cpu_start, start = cpu_now(), now()
                 data = _original(self, possibly_batched_index)
-                recorder.fetched(start, now())
+                recorder.fetched(start, now(), cpu_now() - cpu_start)
                 return data
 
             fetch._dlp_timed = True

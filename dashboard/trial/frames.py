@@ -10,6 +10,9 @@ framework: one row per event
     duration_us (int64)
     worker_id (Int64)        -1 single-process, <NA> unknown
     num_workers (Int64), pin_memory (boolean), step (Int64), iterator_id (Int64)
+    persistent_workers (boolean), prefetch_factor (Int64), in_order (boolean)
+                             the DataLoader's settings, on iterator inits (this project's collector)
+    cpu_us (Int64)           fetch events: the worker's process CPU time during the fetch
 
 system: one row per sample
     node (category), timestamp_us (int64, epoch us), type, name, dimension (category),
@@ -38,6 +41,10 @@ FRAMEWORK_ARROW_SCHEMA = pa.schema([
     pa.field("pin_memory", pa.bool_()),
     pa.field("step", pa.int64()),
     pa.field("iterator_id", pa.int64()),
+    pa.field("persistent_workers", pa.bool_()),
+    pa.field("prefetch_factor", pa.int64()),
+    pa.field("in_order", pa.bool_()),
+    pa.field("cpu_us", pa.int64()),
 ])
 SYSTEM_ARROW_SCHEMA = pa.schema([
     pa.field("node", pa.string()),
@@ -48,7 +55,8 @@ SYSTEM_ARROW_SCHEMA = pa.schema([
     pa.field("value", pa.float64()),
 ])
 FRAMEWORK_COLUMNS = ["node", "pid", "phase", "name", "kind", "start_us", "end_us", "duration_us",
-                     "worker_id", "num_workers", "pin_memory", "step", "iterator_id"]
+                     "worker_id", "num_workers", "pin_memory", "step", "iterator_id",
+                     "persistent_workers", "prefetch_factor", "in_order", "cpu_us"]
 SYSTEM_COLUMNS = [f.name for f in SYSTEM_ARROW_SCHEMA]
 
 
@@ -63,24 +71,38 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 def _kind_of(phases: pd.Categorical, names: pd.Categorical) -> pd.Categorical:
-    """Event kind per row: from the phase where it decides, else from the name; each
-    classification runs once per category, not per row."""
+    """Event kind per row: from the phase where it decides, in the DataLoaderIter phase from
+    the name (kind_in_iter_phase), else from the name; each classification runs once per
+    category, not per row."""
+    other = fmt.KINDS.index(fmt.KIND_OTHER)
     by_phase = np.array([fmt.KINDS.index(k) if k else -1
                          for k in map(kind_of_phase, phases.categories)] + [-1], dtype=np.int8)
-    by_name = np.array([fmt.KINDS.index(kind_of_name(n)) for n in names.categories]
-                       + [fmt.KINDS.index(fmt.KIND_OTHER)], dtype=np.int8)
+    by_name = np.array([fmt.KINDS.index(kind_of_name(n)) for n in names.categories] + [other], dtype=np.int8)
     codes = by_phase[phases.codes]
     undecided = codes < 0
+    if fmt.PHASE_ITER in phases.categories:
+        in_iter_phase = phases.codes == phases.categories.get_loc(fmt.PHASE_ITER)
+        by_iter_name = np.array([fmt.KINDS.index(kind_in_iter_phase(n)) for n in names.categories] + [other],
+                                dtype=np.int8)
+        codes[in_iter_phase] = by_iter_name[names.codes[in_iter_phase]]
+        undecided &= ~in_iter_phase
     codes[undecided] = by_name[names.codes[undecided]]
     return pd.Categorical.from_codes(codes, categories=list(fmt.KINDS))
 
 
 def kind_of_phase(phase: str) -> str | None:
-    """The kind a phase implies, or None when the phase does not say."""
-    return {fmt.PHASE_ITER: fmt.KIND_GETNEXT, fmt.PHASE_INIT: fmt.KIND_INIT,
+    """The kind a phase implies, or None when the phase does not say (DataLoaderIter: the
+    name says, see kind_in_iter_phase)."""
+    return {fmt.PHASE_INIT: fmt.KIND_INIT,
             fmt.PHASE_WORKER: fmt.KIND_WORKER, fmt.PHASE_WORKER_FETCH: fmt.KIND_FETCH,
             fmt.LEGACY_PHASE_WORKER_FETCH: fmt.KIND_FETCH}.get(
         phase, fmt.KIND_STEP if phase.startswith("Step:") else None)
+
+
+def kind_in_iter_phase(name: str) -> str:
+    """The kind of an event of the DataLoaderIter phase: a GetNext only if its name says so
+    (fmt.ITER_PHASE_GETNEXT_NAME_RE), else "other": counting it would add a batch that never was."""
+    return fmt.KIND_GETNEXT if fmt.ITER_PHASE_GETNEXT_NAME_RE.search(name) else fmt.KIND_OTHER
 
 
 def kind_of_name(name: str) -> str:
@@ -98,6 +120,8 @@ def kind_of_name(name: str) -> str:
 
 def classify(phase: str, name: str) -> str:
     """The kind of an event: its phase decides, else its name."""
+    if phase == fmt.PHASE_ITER:
+        return kind_in_iter_phase(name)
     return kind_of_phase(phase) or kind_of_name(name)
 
 

@@ -15,7 +15,10 @@ Kept events, and what they become (so the existing `classify` and analyses apply
 | `ProfilerStep#<N>`                                  | `Step:ModeKeys.TRAIN` | step    |
 
 - Times: wall clock = `baseTimeNanoseconds` + `ts` (float microseconds); traces without
-  `baseTimeNanoseconds` must carry absolute `ts` (older Kineto did).
+  `baseTimeNanoseconds` must carry absolute `ts` (older Kineto did). An event outside
+  1970..9999, or far from the file's median event time, is skipped and counted (a trace's
+  name carries no time of the convention: tensorboard_trace_handler's is the export time, but
+  any name is read).
 - Node id: `<rank>-<host>`, the reference's `<rank>-algo-<N>` convention: rank from
   `distributedInfo` (0 when the job was not distributed), host from the trace's
   `host_name` (on SageMaker that is `algo-N`, so the node joins that host's system
@@ -44,12 +47,13 @@ import re
 import zlib
 from typing import Iterable, Iterator
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
 from .. import format as fmt
 from .frames import FRAMEWORK_ARROW_SCHEMA
-from .smdebug_format import ParsedFile, _as_number
+from .smdebug_format import _MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number, place_in_time
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
 # What a Kineto trace does not record, by the names the report uses.
@@ -308,7 +312,7 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
     elif not scanner.tail.rstrip().endswith(b"}"):
         skipped += 1
         problems.append("the trace ends early (truncated?): events after the last complete one are lost")
-    events, _nested = _outermost(scanner.events)
+    events = scanner.events
     if not events:
         return ParsedFile(None, skipped, problems)
     if base_ns is None:
@@ -316,6 +320,12 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
             return ParsedFile(None, skipped, problems,
                               "no baseTimeNanoseconds: event times cannot be placed")
         base_ns = 0
+    # Placed before nesting is looked at: a wrong time (a duration of 1e19) would swallow events.
+    events, far = _placed(events, base_ns, problems)
+    skipped += far
+    events, _nested = _outermost(events)
+    if not events:
+        return ParsedFile(None, skipped, problems)
 
     node = node_id(rank, host)
     recording = recording_id(key)
@@ -346,7 +356,29 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
         columns["pin_memory"].append(None)
         columns["step"].append(step)
         columns["iterator_id"].append(recording)
+    for unrecorded in ("persistent_workers", "prefetch_factor", "in_order", "cpu_us"):
+        columns[unrecorded] = [None] * len(columns["node"])
     return ParsedFile(pa.Table.from_pydict(columns, schema=FRAMEWORK_ARROW_SCHEMA), skipped, problems)
+
+
+def _placed(events: list[tuple], base_ns: int, problems: list[str]) -> tuple[list[tuple], int]:
+    """The events whose wall-clock times lie inside 1970..9999 and near the file's median event
+    time (place_in_time; a trace's name carries no time), and the count of the others."""
+    ts = np.array([e[3] for e in events], dtype=np.float64)
+    start = ts + base_ns / 1000
+    end = start + np.array([e[4] for e in events], dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        sane = np.isfinite(start) & np.isfinite(end) & (start >= 0) & (end < _MAX_US)
+    outside = len(events) - int(np.count_nonzero(sane))
+    if outside:
+        problems.append(f"{outside} DataLoader/step event(s) with a time outside 1970..{_MAX_YEAR}")
+    placed, far, problem = place_in_time(start, end, sane, None, MAX_EVENT_BEFORE_FILE_US,
+                                         MAX_EVENT_BEFORE_FILE_US, what="DataLoader/step event(s)")
+    if problem:
+        problems.append(problem)
+    if not outside and not far:
+        return events, 0
+    return [e for e, keep in zip(events, placed.tolist()) if keep], outside + far
 
 
 def _containing_step(steps: list[tuple], ts: float) -> int | None:

@@ -14,6 +14,7 @@ from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there
 import gzip
 import io
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,10 @@ _ARG_FIELDS = [
     pa.field("name", pa.string()),
     pa.field(fmt.ARG_START_TIME, pa.int64()),
     pa.field(fmt.ARG_ITERATOR_ID, pa.int64()),
+    pa.field(fmt.ARG_PERSISTENT, pa.bool_()),
+    pa.field(fmt.ARG_PREFETCH, pa.int64()),
+    pa.field(fmt.ARG_IN_ORDER, pa.bool_()),
+    pa.field(fmt.ARG_CPU_US, pa.int64()),
 ]
 RAW_TRACE_SCHEMA = pa.schema([
     pa.field("name", pa.string()),
@@ -96,6 +101,84 @@ def is_utf8(data: bytes) -> bool:
 # Latest event end accepted, in epoch microseconds: far beyond any real trace, far inside int64.
 _MAX_YEAR = 9999
 _MAX_US = 253_402_300_800_000_000.0  # 10000-01-01T00:00:00Z
+
+
+# --- placing events in time ---------------------------------------------------------
+# A time inside 1970..9999 can still be far from the trial's (a clock jump, a corrupt value):
+# one such event made a trial billions of seconds long. So an event must also lie near its
+# file's own time: the time in the file's name, else the median of its events.
+
+_HOUR_US = 3_600_000_000
+_DAY_US = 24 * _HOUR_US
+# How long before its file's time an event may start. Both writers (the reference's, and
+# collector/writer.py) name a framework file after the end of one of its events and close it
+# when the UTC hour changes at the latest (else every 60 s or 10 MB), so a file's events *end*
+# within about an hour of its time; but an event is written when it ends, so it *starts* as long
+# before as it lasted, and the longest last a whole job: a persistent worker's lifetime (the
+# collector's and the reference's DataLoaderWorker event, written when the worker exits).
+# SageMaker stops a training job after 28 days at most (MaxRuntimeInSeconds): a month loses
+# no event of a real job and still keeps a wrong clock from stretching a trial by years.
+MAX_EVENT_BEFORE_FILE_US = 31 * _DAY_US
+# How long after its file's time an event may end. The collector names a file after its latest
+# event end (0 would do); the reference after the end of its last *written* event, which one
+# written before it may outlast (a duration computed by the caller); its hour rotation bounds that.
+MAX_EVENT_AFTER_FILE_US = _HOUR_US
+# How far from its file's time a system sample may lie: a system file holds one minute of
+# samples and is named after that minute (the reference writes one file per minute; the
+# collector's SystemMetricsWriter puts each sample in the file of its 60 s bucket; the slowest
+# sampling is every 60 s), so an hour either side is ample, and bounds what a wrong clock stretches.
+MAX_SAMPLE_FROM_FILE_US = _HOUR_US
+
+
+def duration_text(us: int) -> str:
+    days, hours = us // _DAY_US, us // _HOUR_US
+    return f"{days} days" if days > 1 else f"{hours} hour{'s' if hours != 1 else ''}"
+
+
+def time_text(us: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(us / 1e6))
+
+
+def sane_name_time(us: int | None) -> int | None:
+    """A file name's time, or None when it cannot be an event time (before 1970, after 9999)."""
+    return us if us is not None and 0 <= us < _MAX_US else None
+
+
+def place_in_time(start_us: np.ndarray, end_us: np.ndarray, sane: np.ndarray, name_time_us: int | None,
+                  before_us: int, after_us: int, named_after_an_end: bool = False,
+                  what: str = "event(s)") -> tuple[np.ndarray, int, str | None]:
+    """(placed, far, problem): which rows lie near their file's time, how many sane rows do not,
+    and why (None when none).
+
+    start_us, end_us: float64 epoch microseconds; sane: rows to place (valid, inside 1970..9999).
+    With name_time_us (the time in the file's name), a row must start at most before_us before it
+    and end at most after_us after it. Without one, the file's time is the median end of its rows,
+    which a few wrong times cannot move, and rows may lie before_us to either side (the median may
+    be anywhere in the span a file covers). named_after_an_end: the writer names the file after
+    the end of one of its events; if that event is far from the rest of the file (their median
+    is outside the name's window), the name carries that event's wrong time: the median places it.
+    """
+    rows = int(np.count_nonzero(sane))
+    if not rows:
+        return sane, 0, None
+    median = float(np.median(end_us[sane]))
+    by_name, name_note = name_time_us is not None, ""
+    if by_name:
+        low, high = name_time_us - before_us, name_time_us + after_us
+        if named_after_an_end and not low <= median <= high and bool(np.any(end_us[sane] == name_time_us)):
+            by_name = False
+            name_note = f"; its name's time, {time_text(name_time_us)}, is the end of one of the events far from it"
+    if by_name:
+        where = f"more than {duration_text(before_us)} before or {duration_text(after_us)} after"
+        source = f"the file's time ({time_text(name_time_us)}, from its name)"
+    else:
+        low, high = median - before_us, median + before_us
+        where = f"more than {duration_text(before_us)} from"
+        source = f"the file's median event time ({time_text(median)}{name_note})"
+    with np.errstate(invalid="ignore"):  # NaN times are never sane: those rows stay False
+        placed = sane & (start_us >= low) & (end_us <= high)
+    far = rows - int(np.count_nonzero(placed))
+    return placed, far, (f"{far} {what} {where} {source}" if far else None)
 
 
 # --- line-by-line path --------------------------------------------------------------
@@ -208,6 +291,10 @@ def _raw_trace_row(event: dict) -> dict:
             "name": arg_name if isinstance(arg_name, str) else None,
             fmt.ARG_START_TIME: _as_int(args.get(fmt.ARG_START_TIME)),
             fmt.ARG_ITERATOR_ID: _as_int(args.get(fmt.ARG_ITERATOR_ID)),
+            fmt.ARG_PERSISTENT: _as_bool(args.get(fmt.ARG_PERSISTENT)),
+            fmt.ARG_PREFETCH: _as_int(args.get(fmt.ARG_PREFETCH)),
+            fmt.ARG_IN_ORDER: _as_bool(args.get(fmt.ARG_IN_ORDER)),
+            fmt.ARG_CPU_US: _as_int(args.get(fmt.ARG_CPU_US)),
         },
     }
 
@@ -262,9 +349,12 @@ def _pair_begin_end(raw: pa.Table) -> tuple[pa.Table, int]:
     return pa.Table.from_pylist(out, schema=RAW_TRACE_SCHEMA), unpaired
 
 
-def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str], str | None]:
+def trace_rows(raw: pa.Table, node: str, file_time_us: int | None = None,
+               ) -> tuple[pa.Table | None, int, list[str], str | None]:
     """Canonical framework rows of one file's raw table.
 
+    file_time_us: the end time in the file's name (None for a .tmp file): events far from it
+    are skipped (place_in_time).
     Returns (table, lines_skipped, problems, error): error set when the file as a whole
     cannot be placed in time.
     """
@@ -334,6 +424,18 @@ def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str
         valid = pc.and_(valid, in_range)
         if not pc.any(valid).as_py():
             return None, bad, problems, None
+    start_np = pc.fill_null(start_f, math.nan).to_numpy(zero_copy_only=False)
+    # Rounded as the canonical rows are: the name's time is exactly the end of an event.
+    end_np = np.round(start_np) + np.round(pc.fill_null(dur, math.nan).to_numpy(zero_copy_only=False))
+    placed, far, problem = place_in_time(start_np, end_np, valid.to_numpy(zero_copy_only=False),
+                                         sane_name_time(file_time_us), MAX_EVENT_BEFORE_FILE_US,
+                                         MAX_EVENT_AFTER_FILE_US, named_after_an_end=True)
+    if far:
+        problems.append(problem)
+        bad += far
+        valid = pa.array(placed)
+        if not placed.any():
+            return None, bad, problems, None
     start = pc.cast(pc.round(pc.filter(start_f, valid)), pa.int64())
     end = pc.add(start, pc.cast(pc.round(pc.filter(dur, valid)), pa.int64()))
     fargs = pc.filter(args, valid)
@@ -356,13 +458,19 @@ def trace_rows(raw: pa.Table, node: str) -> tuple[pa.Table | None, int, list[str
         "pin_memory": fargs.field(fmt.ARG_PIN_MEMORY),
         "step": step,
         "iterator_id": fargs.field(fmt.ARG_ITERATOR_ID),
+        "persistent_workers": fargs.field(fmt.ARG_PERSISTENT),
+        "prefetch_factor": fargs.field(fmt.ARG_PREFETCH),
+        "in_order": fargs.field(fmt.ARG_IN_ORDER),
+        # a negative CPU time is the collector's "not measured"
+        "cpu_us": pc.if_else(pc.less(fargs.field(fmt.ARG_CPU_US), 0), None, fargs.field(fmt.ARG_CPU_US)),
     }, schema=FRAMEWORK_ARROW_SCHEMA)
     return table, bad, problems, None
 
 
-def parse_trace_file(data: bytes, node: str) -> ParsedFile:
+def parse_trace_file(data: bytes, node: str, file_time_us: int | None = None) -> ParsedFile:
+    """file_time_us: the end time in the file's name, None when it has none (a .tmp file)."""
     raw, bad_lines, problem = _raw_trace_table(data)
-    table, bad_events, problems, error = trace_rows(raw, node)
+    table, bad_events, problems, error = trace_rows(raw, node, file_time_us)
     if problem:
         problems.insert(0, problem)
     return ParsedFile(table, bad_lines + bad_events, problems, error)
@@ -381,7 +489,8 @@ def _raw_system_row(obj: dict):
             "Timestamp": ts}
 
 
-def parse_system_file(data: bytes, node: str) -> ParsedFile:
+def parse_system_file(data: bytes, node: str, file_time_us: int | None = None) -> ParsedFile:
+    """file_time_us: the time in the file's name (`<EPOCH_S>` in microseconds)."""
     body = data.strip()
     if not body:
         return ParsedFile(None)
@@ -414,6 +523,13 @@ def parse_system_file(data: bytes, node: str) -> ParsedFile:
         bad += dropped
         problems.append(f"{dropped} record(s) with a missing, non-finite or out-of-range value or "
                         f"timestamp, or no Type or Name")
+    ts_us = pc.multiply(pc.fill_null(ts, math.nan), 1e6).to_numpy()
+    placed, far, problem = place_in_time(ts_us, ts_us, valid.to_numpy(), sane_name_time(file_time_us),
+                                         MAX_SAMPLE_FROM_FILE_US, MAX_SAMPLE_FROM_FILE_US, what="record(s)")
+    if far:
+        bad += far
+        problems.append(problem)
+        valid = pa.array(placed)
     raw = raw.filter(valid)
     if raw.num_rows == 0:
         return ParsedFile(None, bad, problems)

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import diskcache
 
-from ..analysis import dataloader, verdict
+from ..analysis import dataloader, diagnosis
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
 from ..trial.errors import NotATrialError
 from ..trial.load import Trial, load_trial
@@ -269,12 +269,12 @@ class TrialCache:
                           lambda: dataloader.analyze(trial.for_node(node).framework, factor))[0]
 
     def assessment(self, key: str, trial: Trial, node: str | None = None,
-                   factor: float = DEFAULT_OUTLIER_FACTOR) -> verdict.Assessment:
+                   factor: float = DEFAULT_OUTLIER_FACTOR) -> diagnosis.Assessment:
         """The input-bound verdict and recommendations of a cached trial (or one node of it),
         computed once."""
-        def assess() -> verdict.Assessment:
+        def assess() -> diagnosis.Assessment:
             part = trial.for_node(node)
-            return verdict.assess(part.framework, part.system, factor)
+            return diagnosis.assess(part.framework, part.system, factor)
 
         return self._once(f"assessment:{key}:{node or ''}:{factor:g}", assess)[0]
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..analysis import dataloader
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
-from ..analysis.verdict import Assessment, Recommendation
+from ..analysis.diagnosis import Assessment, Recommendation
 from ..api import TrialAnalysis
 from ..report import NOT_RECORDED_WORDS, iso_utc, not_recorded_anywhere
 from ..trial.errors import TrialError, TrialTooLargeError

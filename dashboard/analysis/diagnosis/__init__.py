@@ -1,0 +1,157 @@
+"""Is the job input-bound, where did every second of waiting go, and what to change.
+
+    assess(framework, system) -> Assessment
+        .verdict, .nodes_verdict    the share of training time spent in GetNext (verdict)
+        .budget                     per training loader per node: the wait in parts (budget)
+        .recommendations            one finding per part or stated cause (findings/), each
+                                    with its change and its predicted effect
+        .what_if                    the predictions behind them
+        .predict(change)            a what-if of your own, per training loader (what_if)
+
+The modules answer one question each: `loaders` (what trained, for how long), `pipeline`
+(what the records imply about each batch; the replay), `budget`, `what_if`, `findings/`.
+Pure functions of the frames: no I/O, no printing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from . import findings as finding_modules
+from . import loaders as loaders_module
+from .budget import PARTS, LoaderBudget, budget as loader_budget
+from .findings import MAX_LISTED, MIN_SHARE_OF_JOB, ORDER, LoaderContext, Recommendation
+from .pipeline import PipelineModel, build
+from .verdict import (CLASS_HIGHLY, CLASS_MODERATELY, CLASS_NOT, HIGHLY_INPUT_BOUND_PERCENT,
+                      MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, node_verdict,
+                      trial_verdict)
+from .what_if import WhatIf, parse as parse_what_if, predict, validate as validate_what_if
+
+
+@dataclass
+class _Replayable:
+    """What a later what-if needs of a loader: its budget and its compact model."""
+    budget: LoaderBudget
+    model: PipelineModel | None
+    loader: object  # the Loader without its GetNext frame (see _slim)
+
+
+@dataclass
+class Assessment:
+    verdict: Verdict
+    nodes_verdict: dict[str, Verdict]
+    recommendations: list[Recommendation]
+    budget: list[LoaderBudget] = field(default_factory=list)
+    what_if: list[WhatIf] = field(default_factory=list)
+    _replayable: list[_Replayable] = field(default_factory=list, repr=False)
+
+    def predict(self, change: dict) -> list[WhatIf]:
+        """The what-if of `change` (e.g. {"num_workers": 8, "in_order": False}) for every
+        training loader. ValueError names a bad key or value."""
+        change = validate_what_if(change)
+        return [predict(item.loader, item.model, item.budget, change) for item in self._replayable]
+
+
+def _merge_nodes(found: list[Recommendation]) -> list[Recommendation]:
+    """One finding per kind: the one saving most, naming the other nodes where it applies."""
+    by_id: dict[str, list[Recommendation]] = {}
+    for item in found:
+        by_id.setdefault(item.id, []).append(item)
+    merged = []
+    for kind, items in by_id.items():
+        items.sort(key=lambda r: -(r.saving_s or 0.0))
+        head = items[0]
+        nodes = sorted({r.evidence.get("node") for r in items})
+        loaders = {(r.evidence.get("node"), r.evidence.get("loader")) for r in items}
+        if len(nodes) > 1:
+            others = [n for n in nodes if n != head.evidence.get("node")]
+            head = Recommendation(head.id, head.text + f" The same holds on {len(others)} other node(s): "
+                                  + ", ".join(others[:MAX_LISTED]) + ".",
+                                  {**head.evidence, "nodes": nodes}, head.saving_s, head.change, head.predicted)
+        elif len(loaders) > 1:
+            head = Recommendation(head.id, head.text + f" The same holds for {len(loaders) - 1} other loader(s).",
+                                  {**head.evidence, "loaders": sorted(str(x[1]) for x in loaders)},
+                                  head.saving_s, head.change, head.predicted)
+        merged.append(head)
+    merged.sort(key=lambda r: (r.saving_s is None, -(r.saving_s or 0.0), ORDER.index(r.id)))
+    return merged
+
+
+def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float | None = None) -> Assessment:
+    """The trial's verdict, each node's, the wait budgets and the recommendations.
+
+    `outlier_factor` is accepted for the callers' sake; the budget's own rules decide."""
+    nodes = loaders_module.nodes(framework, system)
+    found: list[Recommendation] = []
+    budgets: list[LoaderBudget] = []
+    asked: list[WhatIf] = []
+    replayable: list[_Replayable] = []
+    for node in nodes:
+        node.verdict = node_verdict(node)
+        for loader in node.loaders:
+            replays = loader.num_workers is not None
+            model = build(loader, node) if replays else None
+            item = loader_budget(node, loader, model) if model is not None else _unmodelled_budget(node, loader)
+            budgets.append(item)
+
+            def what_if(change, loader=loader, model=model, item=item):
+                return predict(loader, model, item, change)
+
+            ctx = LoaderContext(node, loader, model, item, what_if)
+            found += finding_modules.find(ctx)
+            asked += ctx.asked
+            replayable.append(_Replayable(item, model.compact() if model is not None else None, _slim(loader)))
+    return Assessment(trial_verdict(nodes), {n.node: n.verdict for n in nodes}, _merge_nodes(found), budgets,
+                      _unique(asked), replayable)
+
+
+def _unique(items: list[WhatIf]) -> list[WhatIf]:
+    seen, out = set(), []
+    for item in items:
+        key = (item.node, item.loader, tuple(sorted(item.change.items())))
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
+def _slim(loader):
+    import copy
+
+    slim = copy.copy(loader)
+    slim.__dict__["calls"] = loader.calls.iloc[0:0]
+    slim.__dict__.pop("wait_us", None)
+    slim.__dict__.pop("segments", None)
+    return slim
+
+
+def _unmodelled_budget(node, loader) -> LoaderBudget:
+    """A loader whose worker count the trial does not record (Kineto): its wait is split
+    into the first batch of each iterator and the rest; no worker can be named."""
+    from .budget import loader_training_us
+
+    calls = loader.calls
+    wait = float(calls["duration_us"].sum())
+    firsts = calls["index"].to_numpy() == 0
+    steady = calls["duration_us"].to_numpy()[~firsts]
+    median = float(pd.Series(steady).median()) if len(steady) else 0.0
+    startup = float((calls["duration_us"].to_numpy()[firsts] - median).clip(min=0).sum())
+    parts = dict.fromkeys(PARTS, 0.0)
+    parts["startup"] = round(startup / 1e6, 6)
+    parts["throughput"] = round((wait - startup) / 1e6, 6)
+    return LoaderBudget(loader.node, loader.label, round(loader_training_us(node, loader) / 1e6, 6),
+                        round(wait / 1e6, 6), parts, "unknown",
+                        {"batches": int(len(calls)), "iterators": int(loader.segments), "num_workers": None,
+                         "note": "num_workers is not recorded: the pipeline model cannot be replayed"})
+
+
+def verdict(framework: pd.DataFrame) -> Verdict:
+    """The trial's verdict alone."""
+    return trial_verdict(loaders_module.nodes(framework, pd.DataFrame()))
+
+
+__all__ = ["Assessment", "LoaderBudget", "PARTS", "Recommendation", "Verdict", "WhatIf", "assess",
+           "classify_input_percent", "parse_what_if", "validate_what_if", "verdict", "CLASS_HIGHLY",
+           "CLASS_MODERATELY", "CLASS_NOT", "HIGHLY_INPUT_BOUND_PERCENT", "MODERATELY_INPUT_BOUND_PERCENT",
+           "MIN_SHARE_OF_JOB"]

@@ -1,0 +1,256 @@
+"""The wait budget: where every second a loader's GetNexts waited went.
+
+Parts, per training loader (they add up to its measured wait, by construction):
+- main_process: a loader without workers (num_workers=0) loads inside next(): all of it;
+- startup: the first round of each iterator (one batch per worker): what it waited
+  beyond the steady wait of those workers' batches (starting processes, opening the
+  dataset in each, filling the pipeline);
+- tail: steady batches that waited far beyond their worker's steady wait (single slow
+  samples or batches): their excess over it;
+- imbalance: a slow worker under in-order delivery: the steady wait on its batches
+  beyond what the other workers' batches wait;
+- throughput: the rest of the steady wait: the workers not keeping up with the compute
+  (from too few workers or from saturated CPUs: `bound` and the evidence say which), and
+  the delivery cost every batch pays;
+- residual: the steady wait that the pipeline model, replayed with the loader's own
+  service and compute times, does not produce. It is taken out of throughput, reported,
+  never hidden.
+
+The "steady wait" of a worker's batches is the median wait of its batches after the first
+round. Waits under in-order delivery land unevenly even on alike workers (the batch first
+in line each round waits, the ones behind it are ready), so a worker is called slow only
+on its service times (the collector's fetch events), or, without them, when the waits
+land on a worker that is not first in line, which the pairing effect never does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from .loaders import Loader, Node, mean_in_windows, merge
+from .pipeline import READY_SLACK_US, PipelineModel, replay_waits
+
+PARTS = ("startup", "throughput", "imbalance", "tail", "main_process", "residual")
+# A steady batch is a tail batch when it waits this many times its worker's steady wait,
+# and at least TAIL_MIN_US more: the reference's outlier rule (2x the median), with a floor
+# so that sub-millisecond jitter on ready batches is not a "slow sample".
+TAIL_FACTOR = 2.0
+TAIL_MIN_US = 2_000.0
+# A worker is slow when its median service time is this many times the other workers'
+# (fetch events), or, without them, when its batches' steady wait is this many times the
+# others' (plus slack) and it is not first in line. Alike workers read within 1.3x of one
+# another on the collector's fetch times in the scenario runs; 2x leaves room for noise.
+SLOW_WORKER_FACTOR = 2.0
+SLOW_WORKER_WAIT_FACTOR = 4.0
+# Tail batches concentrated on one worker beyond chance (binomial, Bonferroni over the
+# workers) make it a slow worker too (a shard of slow files, a sampler that skews).
+SLOW_WORKER_P_VALUE = 0.01
+MIN_TAIL_FOR_TEST = 3
+# CPU use over the cores at which the host counts as saturated: schedulers and monitoring
+# rarely let a busy host read higher.
+CPU_SATURATED_PERCENT = 90.0
+# A worker whose fetches use the CPU for less than this share of their time mostly waits
+# (storage, network, locks): latency-bound.
+LATENCY_CPU_SHARE = 0.5
+
+
+@dataclass
+class LoaderBudget:
+    node: str
+    loader: str  # the iterator class and its worker count, as the findings name it
+    training_s: float
+    wait_s: float
+    parts: dict  # PARTS -> seconds
+    bound: str  # latency | cpu | unknown
+    evidence: dict = field(default_factory=dict)
+    slow_worker: int | None = None
+    windows: dict = field(default_factory=dict)  # part -> [(start_us, end_us), ...] to show it
+
+    @property
+    def largest(self) -> str:
+        return max(PARTS, key=lambda p: self.parts[p])
+
+
+def loader_training_us(node: Node, loader: Loader) -> int:
+    """The loader's share of the node's training windows: those of its iterators."""
+    mine = loader.calls["segment"].unique()
+    lo, hi = node.segment_windows.loc[mine, "lo"].to_numpy(), node.segment_windows.loc[mine, "hi"].to_numpy()
+    starts, ends = merge(lo, hi)
+    return int(np.sum(ends - starts))
+
+
+def _per_worker_median(values: np.ndarray, worker: np.ndarray, mask: np.ndarray, workers: int) -> np.ndarray:
+    out = np.full(workers, np.nan)
+    for w in range(workers):
+        mine = values[mask & (worker == w)]
+        if len(mine):
+            out[w] = np.median(mine)
+    fallback = np.median(values[mask]) if mask.any() else (np.median(values) if len(values) else 0.0)
+    return np.where(np.isfinite(out), out, fallback)
+
+
+def _slow_worker(model: PipelineModel, base: np.ndarray, tail_mask: np.ndarray) -> tuple[int | None, dict]:
+    workers = model.settings.num_workers
+    if workers < 2:
+        return None, {}
+    worker = model.worker
+    evidence: dict = {}
+    if model.service_measured:
+        medians = np.array([np.median(model.service_us[worker == w]) if (worker == w).any() else np.nan
+                            for w in range(workers)])
+        k = int(np.nanargmax(medians))
+        others = float(np.nanmedian(np.delete(medians, k)))
+        evidence = {"fetch_median_s": round(float(medians[k]) / 1e6, 6),
+                    "others_fetch_median_s": round(others / 1e6, 6)}
+        if medians[k] >= SLOW_WORKER_FACTOR * max(others, 1.0):
+            return k, evidence
+    else:
+        k = int(np.argmax(base))
+        others = float(np.max(np.delete(base, k)))
+        first_in_line = k == 0  # each epoch starts the cycle at worker 0 (torch's _reset)
+        floor = max(others, model.delivery_us + READY_SLACK_US)
+        if not first_in_line and base[k] >= SLOW_WORKER_WAIT_FACTOR * floor:
+            return k, evidence
+    # Tail batches piling up on one worker.
+    stalls = worker[tail_mask]
+    if len(stalls) >= MIN_TAIL_FOR_TEST:
+        counts = np.bincount(stalls[stalls >= 0], minlength=workers)
+        k = int(np.argmax(counts))
+        p_value = float(min(1.0, workers * stats.binom.sf(counts[k] - 1, len(stalls), 1.0 / workers)))
+        evidence.update({"stalls_on_worker": int(counts[k]), "stalls_total": int(len(stalls)),
+                         "p_value": float(f"{p_value:.3g}")})
+        if p_value < SLOW_WORKER_P_VALUE and model.service_measured is False:
+            return k, evidence
+        if p_value < SLOW_WORKER_P_VALUE and model.service_measured:
+            # Measured fetch times decide: slow samples that land on one worker by index
+            # (round-robin) are not the worker's fault unless its fetches are slower.
+            return None, evidence
+    return None, evidence
+
+
+def _bound(model: PipelineModel, node: Node, util: float | None) -> tuple[str, bool]:
+    """latency | cpu | unknown, and whether it is an estimate."""
+    service = float(np.sum(model.service_us))
+    if model.settings.num_workers == 0 or service <= 0:
+        return "unknown", True
+    saturated = util is not None and util >= CPU_SATURATED_PERCENT
+    if model.cpu_measured:
+        # The fetches' own CPU share, with the stretch from sharing cores taken out.
+        share = (float(np.sum(model.cpu_base_us * model.speed[model.worker]))
+                 * model.stretch(model.settings.num_workers) / service)
+        return ("latency" if share < LATENCY_CPU_SHARE else "cpu"), False
+    if util is None or not node.cores:
+        return "unknown", True
+    if saturated:
+        return "cpu", True
+    busy_workers = service / max(float(node.training_us), 1.0)  # workers busy, on average
+    used = util / 100.0 * node.cores
+    if busy_workers >= 1.0 and used < LATENCY_CPU_SHARE * busy_workers:
+        return "latency", True  # busy workers that leave the cores idle are waiting
+    return "unknown", True
+
+
+def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
+    g = model.wait_us
+    wait = float(np.sum(g))
+    training_us = loader_training_us(node, loader)
+    parts = dict.fromkeys(PARTS, 0.0)
+    windows: dict = {}
+    util = mean_in_windows(node.cpu, node.windows)
+    evidence = {"batches": int(len(g)), "iterators": int(loader.segments),
+                "num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
+                "in_order": loader.in_order, "persistent_workers": loader.persistent,
+                "delivery_s": round(model.delivery_us / 1e6, 6),
+                "median_compute_s": round(float(np.median(model.compute_us)) / 1e6, 6) if len(g) else None,
+                "service_measured": model.service_measured, "cpu_percent": None if util is None else round(util, 1),
+                "cores": node.cores}
+    workers = model.settings.num_workers
+    slow = None
+    if workers == 0:
+        parts["main_process"] = wait
+        bound, estimated = "unknown", True
+    else:
+        worker, index = model.worker, model.index
+        first_round = index < workers
+        steady = ~first_round
+        base_by_worker = _per_worker_median(g, worker, steady, workers)
+        base = base_by_worker[worker]
+        excess = np.maximum(g - base, 0.0)
+        tail_mask = steady & (g > np.maximum(TAIL_FACTOR * base, base + TAIL_MIN_US))
+        parts["startup"] = float(np.sum(excess[first_round]))
+        parts["tail"] = float(np.sum(excess[tail_mask]))
+        steady_wait = wait - parts["startup"] - parts["tail"]
+        slow, slow_evidence = _slow_worker(model, base_by_worker, tail_mask)
+        evidence.update(slow_evidence)
+        if slow is not None:
+            others = float(np.max(np.delete(base_by_worker, slow)))
+            mine = worker == slow
+            imbalance = float(np.sum(np.maximum(np.minimum(g, base)[mine] - others, 0.0)))
+            on_tail = tail_mask & mine  # its stalls, when they are what makes it slow
+            if not model.service_measured and "p_value" in slow_evidence:
+                imbalance += float(np.sum(excess[on_tail]))
+                parts["tail"] -= float(np.sum(excess[on_tail]))
+                steady_wait += float(np.sum(excess[on_tail]))
+            parts["imbalance"] = min(imbalance, steady_wait)
+        throughput = steady_wait - parts["imbalance"]
+        parts["residual"] = _residual(model, g, throughput, steady)
+        parts["throughput"] = throughput - parts["residual"]
+        bound, estimated = _bound(model, node, util)
+        evidence.update({"steady_wait_s": [round(float(b) / 1e6, 6) for b in base_by_worker],
+                         "tail_batches": int(tail_mask.sum()),
+                         "service_median_s": round(float(np.median(model.service_us)) / 1e6, 6),
+                         "stretch": round(model.stretch(workers), 3),
+                         "cores_for_workers": None if model.cores_for_workers is None
+                         else round(model.cores_for_workers, 2),
+                         "worker_cpu_cores": None if model.worker_cpu_cores is None
+                         else round(model.worker_cpu_cores, 2)})
+        windows = _part_windows(loader, first_round & (excess > 0), tail_mask,
+                                worker == slow if slow is not None else None)
+    evidence["bound_estimated"] = estimated
+    seconds = {k: round(v / 1e6, 6) for k, v in parts.items()}
+    # Rounding must not break the sum: the residual takes the rounding.
+    seconds["residual"] = round(round(wait / 1e6, 6) - sum(v for k, v in seconds.items() if k != "residual"), 6)
+    return LoaderBudget(loader.node, loader.label, round(training_us / 1e6, 6), round(wait / 1e6, 6), seconds,
+                        bound, evidence, slow, windows)
+
+
+def _residual(model: PipelineModel, g: np.ndarray, throughput: float, steady: np.ndarray) -> float:
+    """Measured steady waiting that the replay of today's settings does not produce.
+
+    The k-th wait of an iterator is its k-th next(), in the replay as in the trial, in
+    order or not; the first round (k < num_workers) is start-up in both."""
+    if throughput <= 0 or not len(model.replay_segments):
+        return 0.0
+    waits = replay_waits(model, model.settings)
+    chosen = np.isin(model.segment, model.replay_segments)
+    steady_chosen = steady & chosen
+    if not steady_chosen.any():
+        return 0.0
+    modelled = np.concatenate([w for _, w in waits]) if waits else np.zeros(0)
+    modelled_steady = float(np.sum(modelled[steady[chosen]]))
+    measured_steady = float(np.sum(g[steady_chosen]))
+    if measured_steady <= 0:
+        return 0.0
+    share = max(0.0, measured_steady - modelled_steady) / measured_steady
+    return min(throughput, share * float(np.sum(g[steady])))
+
+
+def _part_windows(loader: Loader, first_round, tail_mask, slow_mask, limit: int = 20) -> dict:
+    """Where each part shows on the timeline: its longest GetNexts, as windows."""
+    calls = loader.calls
+    start = calls["start_us"].to_numpy()
+    end = calls["end_us"].to_numpy()
+    wait = calls["duration_us"].to_numpy()
+
+    def longest(mask):
+        rows = np.flatnonzero(mask)
+        rows = rows[np.argsort(-wait[rows], kind="stable")][:limit]
+        return [(int(start[r]), int(end[r])) for r in rows]
+
+    out = {"startup": longest(first_round), "tail": longest(tail_mask),
+           "throughput": longest(~first_round & ~tail_mask)}
+    if slow_mask is not None:
+        out["imbalance"] = longest(slow_mask & ~first_round)
+    return out

@@ -1,0 +1,85 @@
+"""What every finding shares: its result type, the loader it reads, and the words."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pandas as pd
+
+from ..budget import LoaderBudget
+from ..loaders import Loader, Node
+from ..pipeline import PipelineModel
+from ..what_if import WhatIf
+
+# A finding must be worth the change: its seconds must reach this share of the node's
+# profiled time (first to last event). Below it a job is clean.
+MIN_SHARE_OF_JOB = 0.02
+# Evidence lists are capped; counts say how many there were.
+MAX_LISTED = 20
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    id: str
+    text: str
+    evidence: dict
+    saving_s: float | None = None
+    change: dict | None = None  # the DataLoader settings to change, when one fixes it
+    predicted: dict | None = None  # {"wait_fraction", "training_s"} with the change
+
+
+@dataclass
+class LoaderContext:
+    """One training loader of a node, with its budget and a what-if on it."""
+    node: Node
+    loader: Loader
+    model: PipelineModel | None
+    budget: LoaderBudget
+    what_if: Callable[[dict], WhatIf]
+    asked: list = field(default_factory=list)  # what-ifs the findings ran
+
+    def worth(self, seconds: float | None, share: float = MIN_SHARE_OF_JOB) -> bool:
+        return seconds is not None and self.node.span_us > 0 and seconds * 1e6 >= share * self.node.span_us
+
+    def predict(self, change: dict) -> WhatIf:
+        result = self.what_if(change)
+        self.asked.append(result)
+        return result
+
+    def evidence(self, **more) -> dict:
+        return {"node": self.node.node, "loader": self.loader.name, "num_workers": self.loader.num_workers,
+                "part_s": None, **more}
+
+    def recommend(self, kind: str, text: str, evidence: dict, seconds: float | None,
+                  result: WhatIf | None) -> Recommendation:
+        """A finding whose saving is its change's prediction (else the part's seconds)."""
+        if result is not None and result.predicted is not None:
+            saving = result.saving_s
+            return Recommendation(kind, text, evidence, round(max(saving, 0.0), 3), result.change,
+                                  result.predicted)
+        return Recommendation(kind, text, evidence, None if seconds is None else round(seconds, 3),
+                              None if result is None else result.change, None)
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration for text: '1.23 s' or '45.6 ms'."""
+    return f"{seconds:.2f} s" if abs(seconds) >= 1 else f"{seconds * 1e3:.1f} ms"
+
+
+def predicted_text(result: WhatIf | None) -> str:
+    if result is None or result.predicted is None:
+        return ""
+    now, then = result.now, result.predicted
+    return (f" Predicted: waiting {100 * now['wait_fraction']:.1f} % -> {100 * then['wait_fraction']:.1f} % "
+            f"of training, training {now['training_s']:.2f} s -> {then['training_s']:.2f} s "
+            f"(saves {seconds_text(max(result.saving_s, 0.0))}).")
+
+
+def batch_list(calls: pd.DataFrame, rows) -> list[dict]:
+    """Batches for evidence: iterator number (1.. in time order), batch, start, wait, worker."""
+    numbers = {seg: n for n, seg in enumerate(pd.unique(calls["segment"]), 1)}
+    picked = calls.iloc[list(rows)[:MAX_LISTED]]
+    return [{"iterator": numbers[int(r.segment)], "batch": int(r.index_), "start_us": int(r.start_us),
+             "duration_s": round(r.duration_us / 1e6, 6),
+             "worker_id": None if pd.isna(r.worker_id) else int(r.worker_id)}
+            for r in picked.rename(columns={"index": "index_"}).itertuples()]

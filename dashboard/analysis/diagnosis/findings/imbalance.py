@@ -1,0 +1,45 @@
+"""Imbalance: one worker slower than the others under in-order delivery
+(`slow_worker`). Reads the budget's `imbalance` part; the budget decides which worker is
+slow (on service times, never on where the waits land alone: see `budget`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import LoaderContext, Recommendation, batch_list, predicted_text, seconds_text
+
+
+def find(ctx: LoaderContext) -> list[Recommendation]:
+    budget, loader = ctx.budget, ctx.loader
+    part = budget.parts["imbalance"]
+    worker = budget.slow_worker
+    if worker is None or not ctx.worth(part):
+        return []
+    result = ctx.predict({"in_order": False}) if loader.in_order else None
+    calls = loader.calls
+    model = ctx.model
+    mine = np.flatnonzero(model.worker == worker)
+    slowest = mine[np.argsort(-model.wait_us[mine], kind="stable")]
+    ev = budget.evidence
+    measured = ("fetch_median_s" in ev)
+    service = (f"it takes {seconds_text(ev['fetch_median_s'])} median to fetch a batch against "
+               f"{seconds_text(ev['others_fetch_median_s'])} for the other workers, and " if measured else "")
+    steady = ev.get("steady_wait_s") or []
+    others = [s for w, s in enumerate(steady) if w != worker]
+    text = (f"Worker {worker} of {loader.label} on {ctx.node.node} is slow: {service}its batches wait "
+            f"{seconds_text(steady[worker])} against {seconds_text(max(others) if others else 0.0)} for the "
+            f"other workers' batches"
+            + (f"; {ev['stalls_on_worker']} of the {ev['stalls_total']} stalls are its batches"
+               if ev.get("stalls_on_worker") else "")
+            + f". With in-order delivery every batch queued behind it waits too ({seconds_text(part)} in all). "
+            f"Find why that worker is slow (a shard of slow files, a skewed sampler, a slow sample it always "
+            f"gets)" + ("; `in_order=False` on the DataLoader (torch >= 2.6) lets the other workers' batches "
+                        "through meanwhile, at the cost of batch order." if loader.in_order else ".")
+            + predicted_text(result))
+    evidence = ctx.evidence(part_s=round(part, 6), worker_id=int(worker), num_workers=loader.num_workers,
+                            median_getnext_s=round(float(steady[worker]), 6),
+                            others_median_getnext_s=round(float(max(others)) if others else 0.0, 6),
+                            fetch_median_s=ev.get("fetch_median_s"),
+                            others_fetch_median_s=ev.get("others_fetch_median_s"),
+                            stalls_on_worker=ev.get("stalls_on_worker"), stalls_total=ev.get("stalls_total"),
+                            p_value=ev.get("p_value"), batches=batch_list(calls, slowest))
+    return [ctx.recommend("slow_worker", text, evidence, part, result)]

@@ -1,0 +1,51 @@
+"""Start-up: workers re-created every epoch (`persistent_workers`), or one costly start
+(`startup`). Reads the budget's `startup` part."""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import LoaderContext, Recommendation, predicted_text, seconds_text
+
+# A first start is a finding of its own when the first batches cost this share of the
+# job: starting workers always costs something (tens of ms to fork, seconds to spawn),
+# and under 5 % that is the normal price of having workers.
+STARTUP_MIN_SHARE = 0.05
+
+
+def find(ctx: LoaderContext) -> list[Recommendation]:
+    loader, budget = ctx.loader, ctx.budget
+    startup = budget.parts["startup"]
+    if not loader.multi_process or not ctx.worth(startup):
+        return []
+    model = ctx.model
+    inits = ctx.node.inits
+    mine = inits[(inits["pid"] == loader.pid) & (inits["cls"] == loader.cls)]
+    init_s = float(mine["duration_us"].median()) / 1e6 if len(mine) else None
+    recreated = loader.persistent is False and loader.segments >= 2
+    starts = int(model.recreated.sum()) if model is not None else loader.segments
+    evidence = ctx.evidence(part_s=round(startup, 6), iterators=loader.segments, starts=starts,
+                            persistent_workers=loader.persistent,
+                            persistent_recorded=loader.persistent_recorded,
+                            startup_s=round(startup / max(starts, 1), 6),
+                            init_median_s=None if init_s is None else round(init_s, 6),
+                            windows=[{"start_us": s, "end_us": e} for s, e in budget.windows.get("startup", [])])
+    if recreated:
+        result = ctx.predict({"persistent_workers": True})
+        text = (f"Workers are re-created every epoch: {loader.label} on {ctx.node.node} started new workers "
+                f"{starts} times, and the first batches of each start waited {seconds_text(startup / starts)} "
+                f"beyond the steady wait ({seconds_text(startup)} in all)"
+                + (f"; each iter() took {seconds_text(init_s)} more" if init_s else "")
+                + ". Set `persistent_workers=True` on this DataLoader so its workers start once."
+                + predicted_text(result))
+        return [ctx.recommend("persistent_workers", text, evidence, startup, result)]
+    if not ctx.worth(startup, STARTUP_MIN_SHARE):
+        return []
+    steady = np.median(budget.evidence.get("steady_wait_s") or [0.0])
+    text = (f"The first batches of {loader.label} on {ctx.node.node} wait {seconds_text(startup)} beyond the "
+            f"steady wait ({seconds_text(float(steady))} a batch) over {starts} start(s): a start-up cost. "
+            f"Workers started with 'spawn' (the default on macOS and Windows, and needed with CUDA in the "
+            f"parent) re-import the main module and unpickle the dataset: use "
+            f"`multiprocessing_context='forkserver'` or 'fork' where safe, keep the Dataset's `__init__` and "
+            f"`worker_init_fn` light (open files and connections lazily, in the worker), and keep the dataset "
+            f"object small to pickle.")
+    return [ctx.recommend("startup", text, evidence, startup, None)]

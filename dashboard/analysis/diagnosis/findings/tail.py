@@ -1,0 +1,46 @@
+"""Tail: single slow samples or batches beyond the loader's steady service time
+(`slow_samples`). Reads the budget's `tail` part; the change is the one of a few the
+what-if finds best at hiding them (deeper prefetch, out-of-order delivery, more workers),
+if any hides enough to be worth it."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..budget import TAIL_FACTOR, TAIL_MIN_US
+from .base import LoaderContext, Recommendation, batch_list, predicted_text, seconds_text
+
+
+def find(ctx: LoaderContext) -> list[Recommendation]:
+    budget, loader, model = ctx.budget, ctx.loader, ctx.model
+    part = budget.parts["tail"]
+    if model is None or not loader.multi_process or not ctx.worth(part):
+        return []
+    workers, prefetch = loader.num_workers, loader.prefetch_factor
+    candidates = [{"prefetch_factor": 2 * prefetch}, {"prefetch_factor": 4 * prefetch},
+                  {"num_workers": 2 * workers}]
+    if loader.in_order:
+        candidates.append({"in_order": False})
+    tried = [ctx.what_if(c) for c in candidates]
+    tried = [t for t in tried if t.predicted is not None]
+    best = max(tried, key=lambda t: t.saving_s, default=None)
+    if best is not None and ctx.worth(best.saving_s):
+        ctx.asked.append(best)
+        change = ", ".join(f"`{k}={v}`" for k, v in best.change.items())
+        fix = f" {change} hides most of them: workers fetch further ahead of the slow ones." + predicted_text(best)
+    else:
+        best = None
+        fix = " No DataLoader setting hides them (the model tried deeper prefetch, more workers, out-of-order)."
+    steady = np.asarray(budget.evidence.get("steady_wait_s") or [0.0]) * 1e6  # us, as the waits
+    threshold = model.wait_us > np.maximum(TAIL_FACTOR * steady[np.maximum(model.worker, 0)],
+                                           steady[np.maximum(model.worker, 0)] + TAIL_MIN_US)
+    threshold &= model.index >= workers
+    rows = np.flatnonzero(threshold)
+    rows = rows[np.argsort(-model.wait_us[rows], kind="stable")]
+    text = (f"Slow samples: {len(rows)} batches of {loader.label} on {ctx.node.node} wait far beyond their "
+            f"worker's steady wait (over {TAIL_FACTOR:g}x it), {seconds_text(part)} in all; the longest "
+            f"{seconds_text(float(model.wait_us[rows[0]]) / 1e6) if len(rows) else '-'}. Find those samples "
+            f"(the batches and their workers are listed): a slow read, an oversized item, a retry." + fix)
+    evidence = ctx.evidence(part_s=round(part, 6), tail_batches=int(len(rows)),
+                            tried={", ".join(f"{k}={v}" for k, v in t.change.items()): t.saving_s for t in tried},
+                            batches=batch_list(loader.calls, rows))
+    return [ctx.recommend("slow_samples", text, evidence, part, best)]

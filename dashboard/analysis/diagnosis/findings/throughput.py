@@ -1,0 +1,107 @@
+"""Throughput: the workers cannot keep up with the compute (`more_workers`), the cores
+are the limit (`cpu_saturated`), or the loader has no workers at all (`use_workers`).
+Reads the budget's `throughput` and `main_process` parts; the worker count is the
+smallest the what-if finds to give nearly all of the best saving."""
+from __future__ import annotations
+
+from .base import LoaderContext, Recommendation, predicted_text, seconds_text
+
+# The worker count suggested is the smallest whose predicted saving is within this share
+# of the best one tried: the last few workers of a search buy almost nothing.
+NEAR_BEST = 0.9
+# Worker counts tried: without a core count, at most this many.
+MAX_TRIED_WORKERS = 64
+# Workers that wait (latency-bound) are not limited by the cores: up to this many per core.
+LATENCY_WORKERS_PER_CORE = 8
+# More workers are worth suggesting when they remove at least this share of the throughput
+# part: on saturated cores the model finds a few per cent (the last free core's worth),
+# which is not what the user should change first.
+MEANINGFUL_SHARE = 0.25
+
+
+def _candidates(workers: int, cores: int | None, bound: str) -> list[int]:
+    if bound == "latency" or not cores:
+        cap = MAX_TRIED_WORKERS if not cores else min(MAX_TRIED_WORKERS, LATENCY_WORKERS_PER_CORE * cores)
+    else:
+        cap = max(2 * cores, workers + 1)  # the model stretches CPU work beyond the free cores
+    base = max(workers, 1)
+    tried = {workers + 1, workers + 2, workers + 4, 2 * base, 3 * base, 4 * base, 6 * base, 8 * base}
+    return sorted(w for w in tried if workers < w <= cap)
+
+
+def _search(ctx: LoaderContext, workers: int):
+    """(best what-if, every what-if tried) over worker counts above today's."""
+    tried = [ctx.what_if({"num_workers": w}) for w in _candidates(workers, ctx.node.cores, ctx.budget.bound)]
+    tried = [t for t in tried if t.predicted is not None]
+    if not tried:
+        return None, []
+    best = max(t.saving_s for t in tried)
+    if best <= 0:
+        return None, tried
+    chosen = next(t for t in tried if t.saving_s >= NEAR_BEST * best)
+    ctx.asked.append(chosen)
+    return chosen, tried
+
+
+def find(ctx: LoaderContext) -> list[Recommendation]:
+    loader, budget = ctx.loader, ctx.budget
+    if ctx.model is None:
+        return []
+    cores = ctx.node.cores
+    cpu = budget.evidence.get("cpu_percent")
+    host = (f"{cores} cores" + (f", {cpu:.0f} % busy" if cpu is not None else "")) if cores else "cores unknown"
+    if loader.num_workers == 0:
+        part = budget.parts["main_process"]
+        if not ctx.worth(part):
+            return []
+        chosen, _ = _search(ctx, 0)
+        if chosen is None:
+            return []
+        suggested = chosen.change["num_workers"]
+        text = (f"{loader.label} on {ctx.node.node} loads its batches in the training process: "
+                f"{seconds_text(part)} of waiting inside next(). Load in worker processes: "
+                f"`num_workers={suggested}` ({host})." + predicted_text(chosen))
+        evidence = ctx.evidence(part_s=round(part, 6), suggested_num_workers=suggested, cores=cores,
+                                cpu_percent=cpu)
+        return [ctx.recommend("use_workers", text, evidence, part, chosen)]
+
+    part = budget.parts["throughput"]
+    # Every batch pays the delivery cost, ready or not: more workers do not remove it.
+    delivery = (budget.evidence.get("delivery_s") or 0.0) * budget.evidence.get("batches", 0)
+    if not ctx.worth(part - delivery):
+        return []
+    workers = loader.num_workers
+    chosen, tried = _search(ctx, workers)
+    evidence = ctx.evidence(part_s=round(part, 6), bound=budget.bound,
+                            bound_estimated=budget.evidence.get("bound_estimated"), cores=cores,
+                            cpu_percent=cpu, stretch=budget.evidence.get("stretch"),
+                            cores_for_workers=budget.evidence.get("cores_for_workers"),
+                            service_median_s=budget.evidence.get("service_median_s"),
+                            median_compute_s=budget.evidence.get("median_compute_s"),
+                            tried={str(t.change["num_workers"]): t.saving_s for t in tried})
+    why = ("the workers wait on storage, the network or locks (their fetches use little CPU)"
+           if budget.bound == "latency" else "the workers compute (their fetches use the CPU)"
+           if budget.bound == "cpu" else "what limits the workers is not recorded")
+    if budget.evidence.get("bound_estimated") and budget.bound != "unknown":
+        why += ", estimated from the host's CPU use"
+    if chosen is None or not ctx.worth(chosen.saving_s) or chosen.saving_s < MEANINGFUL_SHARE * part:
+        if budget.bound == "cpu":
+            doubled = ctx.predict({"num_workers": 2 * workers})
+            text = (f"{loader.label} on {ctx.node.node}: the workers cannot keep up "
+                    f"({seconds_text(part)} of steady waiting) and the CPUs are the limit ({host}; {why}): "
+                    f"more workers will not help." + predicted_text(doubled).replace(
+                        "Predicted:", f"Predicted with num_workers={2 * workers}:")
+                    + " Make per-sample work cheaper (decode smaller images, lighter augmentation, a faster "
+                    "decoder), cache decoded or preprocessed samples, or move decoding and augmentation to "
+                    "the GPU (e.g. NVIDIA DALI, `torchvision.io.decode_jpeg(device='cuda')`).")
+            evidence["more_workers_predicted"] = doubled.predicted
+            return [ctx.recommend("cpu_saturated", text, evidence, part, None)]
+        return []
+    suggested = chosen.change["num_workers"]
+    evidence["suggested_num_workers"] = suggested
+    beyond = f", more than the {cores} cores: waiting workers need no core" if cores and suggested > cores \
+        and budget.bound == "latency" else ""
+    text = (f"{loader.label} on {ctx.node.node}: the workers cannot keep up with the compute "
+            f"({seconds_text(part)} of steady waiting; {why}; {host}). Raise `num_workers` from {workers} to "
+            f"{suggested}{beyond}." + predicted_text(chosen))
+    return [ctx.recommend("more_workers", text, evidence, part, chosen)]

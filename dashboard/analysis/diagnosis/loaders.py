@@ -1,0 +1,389 @@
+"""Which loaders trained, and for how long: the frames turned into nodes, loaders and
+training windows, the one definition of training time that the verdict, the budget and
+the what-if share.
+
+A loader is the training iterators of one DataLoader configuration on one process. An
+iterator is a training one when most of its batches feed training steps (smdebug's
+`Step:ModeKeys.TRAIN`, after the GetNext; Kineto's `ProfilerStep#N`, around it, first
+GetNext of the step only); without step events every iterator counts.
+
+Training time is the union of the training iterators' windows on a node, less the spans
+of evaluation iterators inside them. A window runs from the iterator's first GetNext
+(or the start of the step it fed, when earlier) to the end of the last step any of its
+batches fed: each step counted whole, so a short trace is not biased by leaving its last
+step's compute out. Without steps it runs to the end of the last GetNext plus the
+iterator's median compute between two GetNexts (an estimate, and the result says so).
+
+Everything is vectorised over GetNexts and iterators: a job that calls iter() every few
+steps has 100,000 iterators.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from ... import format as fmt
+from ...trial.load import host_of
+from ..dataloader import iterator_classes, iterator_segments, labels
+
+# Torch's default prefetch_factor with workers (DataLoader.__init__).
+TORCH_DEFAULT_PREFETCH = 2
+_EVAL_RE = re.compile(r"EVAL|PREDICT", re.IGNORECASE)
+_FAR = 2**62  # "no next GetNext"
+
+
+@dataclass
+class Loader:
+    """The training iterators of one DataLoader configuration on one process."""
+    node: str
+    pid: int
+    cls: str
+    num_workers: int | None
+    pin_memory: bool | None
+    persistent: bool | None  # recorded (collector) or inferred from re-creations; None: unknown
+    persistent_recorded: bool
+    prefetch_factor: int  # recorded, else torch's default
+    in_order: bool  # recorded, else torch's default (True)
+    # Its training GetNexts in (segment, start) order: start_us, end_us, duration_us,
+    # worker_id, segment, index (within the iterator), iterator_id, compute_us (the main
+    # process's time from this GetNext's end to the next one's start; NaN for the last).
+    calls: pd.DataFrame
+    inits: int  # initializations seen for it
+
+    @property
+    def name(self) -> str:
+        """The iterator class, without Kineto's 'enumerate(DataLoader)#' prefix."""
+        return self.cls.split("#", 1)[1] if self.cls.startswith("enumerate(") else self.cls
+
+    @property
+    def label(self) -> str:
+        workers = "num_workers unknown" if self.num_workers is None else f"num_workers={self.num_workers}"
+        return f"{self.name} ({workers})"
+
+    @property
+    def multi_process(self) -> bool:
+        return bool(self.num_workers) or (self.num_workers is None and "SingleProcess" not in self.cls)
+
+    @cached_property
+    def segments(self) -> int:
+        return int(self.calls["segment"].nunique())
+
+    @cached_property
+    def wait_us(self) -> float:
+        return float(self.calls["duration_us"].sum())
+
+    def settings(self) -> dict:
+        """The DataLoader settings the what-if can change, as they were."""
+        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor,
+                "in_order": self.in_order, "persistent_workers": self.persistent}
+
+
+@dataclass
+class Node:
+    node: str
+    span_us: int  # first to last framework event
+    calls: pd.DataFrame  # every GetNext of the node, with segment, index, training
+    inits: pd.DataFrame
+    training_segments: np.ndarray
+    windows: list[tuple[int, int]]  # merged training windows
+    has_steps: bool
+    steps_matched: bool
+    training_estimated: bool  # the windows' ends include an estimated last compute
+    segment_windows: pd.DataFrame  # per training iterator (index: segment): lo, hi
+    loaders: list[Loader]
+    cpu: pd.Series  # mean CPUUtilization over cores, by timestamp_us
+    iowait: pd.Series
+    cores: int | None
+    gpus: int
+    fetches: pd.DataFrame  # worker-side fetch events (collector), else empty
+    verdict: object = field(default=None)
+
+    @property
+    def training_us(self) -> int:
+        return int(sum(e - s for s, e in self.windows))
+
+    @cached_property
+    def training_calls(self) -> pd.DataFrame:
+        return self.calls[np.isin(self.calls["segment"].to_numpy(), self.training_segments)]
+
+
+# --- intervals ---------------------------------------------------------------------------
+
+def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Overlapping [start, end] intervals merged, sorted."""
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if not len(starts):
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] > reach[:-1]
+    firsts = np.flatnonzero(new)
+    return starts[firsts], np.maximum.reduceat(ends, firsts)
+
+
+def in_windows(times: np.ndarray, windows) -> np.ndarray:
+    """Which times fall in one of the merged, sorted windows."""
+    if not len(windows):
+        return np.zeros(len(times), dtype=bool)
+    starts = np.fromiter((s for s, _ in windows), dtype=np.int64, count=len(windows))
+    ends = np.fromiter((e for _, e in windows), dtype=np.int64, count=len(windows))
+    at = np.searchsorted(starts, times, side="right") - 1
+    return (at >= 0) & (times <= ends[np.clip(at, 0, None)])
+
+
+def subtract(w_starts, w_ends, h_starts, h_ends) -> list[tuple[int, int]]:
+    """The parts of merged windows outside every hole, as (start, end) pairs."""
+    w_starts, w_ends = merge(w_starts, w_ends)
+    h_starts, h_ends = merge(h_starts, h_ends)
+    if not len(h_starts):
+        return list(zip(w_starts.tolist(), w_ends.tolist()))
+    # Elementary pieces between all boundaries; keep those inside a window and no hole.
+    points = np.unique(np.concatenate([w_starts, w_ends, h_starts, h_ends]))
+    lo, hi = points[:-1], points[1:]
+    mid = lo + (hi - lo) // 2
+    windows = list(zip(w_starts.tolist(), w_ends.tolist()))
+    keep = in_windows(mid, windows) & ~_strictly_inside(mid, h_starts, h_ends) & (hi > lo)
+    if not keep.any():
+        return []
+    starts, ends = merge(lo[keep], hi[keep])
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def _strictly_inside(times, starts, ends) -> np.ndarray:
+    at = np.searchsorted(starts, times, side="right") - 1
+    return (at >= 0) & (times < ends[np.clip(at, 0, None)])
+
+
+# --- steps -------------------------------------------------------------------------------
+
+def _matches(values: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Rows whose (categorical) value the pattern finds, decided once per category."""
+    values = values.astype("category")
+    hit = np.array([bool(pattern.search(str(c))) for c in values.cat.categories] + [False])
+    return hit[values.cat.codes.to_numpy()]
+
+
+def _training_steps(framework: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    steps = framework[framework["kind"] == fmt.KIND_STEP]
+    if len(steps):
+        steps = steps[~(_matches(steps["phase"], _EVAL_RE) | _matches(steps["name"], _EVAL_RE))]
+    order = np.argsort(steps["start_us"].to_numpy(), kind="stable")
+    return steps["start_us"].to_numpy()[order], steps["end_us"].to_numpy()[order]
+
+
+def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per GetNext, the training step its batch fed (index into starts), or -1.
+
+    That is the step containing the GetNext (Kineto: `ProfilerStep` spans the whole
+    iteration), for the first GetNext of the process in it only (a validation loop run
+    inside a training step fed none), or else the first step starting before the
+    process's next GetNext (smdebug: the step event follows the GetNext).
+    """
+    if not len(starts) or calls.empty:
+        return np.full(len(calls), -1)
+    call_start = calls["start_us"].to_numpy()
+    next_start = calls["next_start_us"].to_numpy()
+    before = np.searchsorted(starts, call_start, side="right") - 1
+    containing = (before >= 0) & (ends[np.clip(before, 0, None)] > call_start)
+    after = np.searchsorted(starts, call_start, side="left")
+    following = (after < len(starts)) & (starts[np.clip(after, None, len(starts) - 1)] < next_start)
+    own = np.where(containing, before, np.where(following, after, -1))
+    later_in_step = pd.DataFrame({"pid": calls["pid"].to_numpy(), "own": own}).duplicated().to_numpy()
+    return np.where(later_in_step & containing, -1, own)
+
+
+# --- system ------------------------------------------------------------------------------
+
+def _system_series(system: pd.DataFrame, host: str, node: str):
+    if system.empty:
+        empty = pd.Series(dtype="float64")
+        return empty, empty, None, 0
+    # Categorical columns compared as they are: no string copy of every sample.
+    part = system[((system["node"] == host) | (system["node"] == node)).to_numpy()]
+    kinds = part["type"]
+    cpu = part[(kinds == "cpu").to_numpy()]
+    dims = cpu["dimension"]
+    util = cpu[(dims == "CPUUtilization").to_numpy()]
+    cores = int(util["name"].nunique()) or None
+    cpu_mean = util.groupby("timestamp_us")["value"].mean()
+    iowait = cpu[(dims == "I/OWaitPercentage").to_numpy()].groupby("timestamp_us")["value"].mean()
+    gpus = int(part.loc[(kinds == "gpu").to_numpy(), "name"].nunique())
+    return cpu_mean, iowait, cores, gpus
+
+
+def mean_in_windows(series: pd.Series, windows) -> float | None:
+    if series.empty or not windows:
+        return None
+    inside = series[in_windows(series.index.to_numpy(), windows)]
+    if inside.empty:  # samples sparser than the windows: the nearest ones
+        lo, hi = windows[0][0], windows[-1][1]
+        times = series.index.to_numpy()
+        inside = series[(times >= lo - 1_000_000) & (times <= hi + 1_000_000)]
+    return float(inside.mean()) if len(inside) else None
+
+
+# --- nodes and loaders ---------------------------------------------------------------------
+
+def _calls_frame(framework: pd.DataFrame) -> pd.DataFrame:
+    segment = iterator_segments(framework)
+    calls = framework[framework["kind"] == fmt.KIND_GETNEXT]
+    calls = pd.DataFrame({
+        "node": labels(calls["node"], missing="nan"), "pid": calls["pid"].fillna(-1).astype("int64"),
+        "cls": iterator_classes(calls["name"]),
+        "start_us": calls["start_us"].astype("int64"), "end_us": calls["end_us"].astype("int64"),
+        "duration_us": calls["duration_us"].astype("int64"), "worker_id": calls["worker_id"],
+        "num_workers": calls["num_workers"], "iterator_id": calls["iterator_id"], "segment": segment},
+        index=calls.index)
+    calls = calls.sort_values(["node", "segment", "start_us"], kind="stable")
+    calls["index"] = calls.groupby("segment", sort=False).cumcount()
+    by_process = calls.sort_values(["node", "pid", "start_us"], kind="stable")
+    next_start = by_process.groupby(["node", "pid"], sort=False)["start_us"].shift(-1)
+    calls["next_start_us"] = next_start.reindex(calls.index).fillna(_FAR).astype("int64")
+    # The main process's compute after a batch: to the next GetNext of the same iterator.
+    following = calls.groupby("segment", sort=False)["start_us"].shift(-1)
+    calls["compute_us"] = (following - calls["end_us"]).astype("float64")
+    return calls
+
+
+def _inits_frame(framework: pd.DataFrame) -> pd.DataFrame:
+    inits = framework[framework["kind"] == fmt.KIND_INIT]
+    return pd.DataFrame({
+        "node": labels(inits["node"], missing="nan"), "pid": inits["pid"].fillna(-1).astype("int64"),
+        "cls": iterator_classes(inits["name"]),
+        "start_us": inits["start_us"].astype("int64"), "end_us": inits["end_us"].astype("int64"),
+        "duration_us": inits["duration_us"].astype("int64"),
+        "num_workers": inits["num_workers"], "pin_memory": inits["pin_memory"],
+        "persistent_workers": inits["persistent_workers"], "prefetch_factor": inits["prefetch_factor"],
+        "in_order": inits["in_order"], "iterator_id": inits["iterator_id"]},
+        index=inits.index).sort_values("start_us", kind="stable")
+
+
+def _optional(value, kind):
+    return None if value is None or pd.isna(value) else kind(value)
+
+
+def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
+    """Per training iterator (segment): its process, class and DataLoader settings, from
+    the latest initialization of its class on its process before its first GetNext
+    (one merge_asof, not a search per iterator), else from what its GetNexts say."""
+    firsts = calls.groupby("segment", sort=False).agg(
+        pid=("pid", "first"), cls=("cls", "first"), start_us=("start_us", "first"),
+        calls=("start_us", "size"), num_workers_seen=("num_workers", "first"),
+        max_worker=("worker_id", "max")).reset_index()
+    firsts = firsts.sort_values("start_us", kind="stable")
+    columns = ["pid", "cls", "start_us", "num_workers", "pin_memory", "persistent_workers",
+               "prefetch_factor", "in_order"]
+    if len(inits):
+        matched = pd.merge_asof(firsts, inits[columns].rename(columns={"start_us": "init_start_us"})
+                                .assign(start_us=inits["start_us"].to_numpy()),
+                                on="start_us", by=["pid", "cls"], direction="backward")
+    else:
+        matched = firsts.assign(**{c: pd.NA for c in columns[3:]}, init_start_us=pd.NA)
+    workers = matched["num_workers"].astype("Float64")
+    seen = matched["num_workers_seen"].astype("Float64")
+    ids = matched["max_worker"].astype("Float64")
+    # No init: the GetNexts' own count, else at least as many workers as the ids name.
+    workers = workers.fillna(seen).fillna(ids.where(ids >= 0) + 1)
+    matched["workers"] = workers
+    matched["has_init"] = matched["init_start_us"].notna()
+    return matched
+
+
+def _loaders(node: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.ndarray) -> list[Loader]:
+    calls = calls[np.isin(calls["segment"].to_numpy(), training)]
+    if calls.empty:
+        return []
+    configs = _segment_configs(calls, inits)
+    keys = ["pid", "cls", "workers", "pin_memory", "persistent_workers", "prefetch_factor", "in_order"]
+    key_frame = configs[keys].astype("object").where(configs[keys].notna(), None)
+    configs["loader"] = pd.factorize(pd.MultiIndex.from_frame(key_frame))[0]
+    loader_of = pd.Series(configs["loader"].to_numpy(), index=configs["segment"].to_numpy())
+    calls = calls.assign(loader=loader_of.reindex(calls["segment"].to_numpy()).to_numpy())
+    out = []
+    for loader_id, group in calls.groupby("loader", sort=False):
+        mine = configs[configs["loader"] == loader_id]
+        first = mine.iloc[0]
+        workers = _optional(first["workers"], int)
+        recorded = _optional(first["persistent_workers"], bool)
+        init_count = int(mine["has_init"].sum())
+        segments = len(mine)
+        persistent = recorded
+        if persistent is None and workers and init_count:
+            # The reference records __init__ of the iterator, which a persistent loader
+            # runs once: fewer initializations than iterators means persistent workers.
+            persistent = init_count < segments
+        prefetch = _optional(first["prefetch_factor"], int) or TORCH_DEFAULT_PREFETCH
+        in_order = _optional(first["in_order"], bool)
+        out.append(Loader(
+            node=node, pid=int(first["pid"]), cls=str(first["cls"]), num_workers=workers,
+            pin_memory=_optional(first["pin_memory"], bool), persistent=persistent,
+            persistent_recorded=recorded is not None, prefetch_factor=prefetch,
+            in_order=True if in_order is None else in_order,
+            calls=group.drop(columns=["loader"]), inits=init_count))
+    out.sort(key=lambda loader: -loader.wait_us)
+    return out
+
+
+def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matched: bool):
+    """The node's training windows and whether their ends are estimated."""
+    seg = calls.groupby("segment", sort=False).agg(
+        lo=("start_us", "first"), hi=("end_us", "max"), own_first=("own_step", "first"),
+        own_last=("own_step", "max"), compute=("compute_us", "median"))
+    in_training = seg.index.isin(training)
+    train, evaluation = seg[in_training], seg[~in_training]
+    lo = train["lo"].to_numpy(dtype=np.int64)
+    hi = train["hi"].to_numpy(dtype=np.int64)
+    estimated = False
+    if steps_matched:
+        first, last = train["own_first"].to_numpy(), train["own_last"].to_numpy()
+        lo = np.where(first >= 0, np.minimum(lo, starts[np.clip(first, 0, None)]), lo)
+        hi = np.where(last >= 0, np.maximum(hi, ends[np.clip(last, 0, None)]), hi)
+        estimated = bool((last < 0).any())
+    else:
+        # No steps: the last batch's compute is the iterator's median one (an estimate).
+        compute = train["compute"].fillna(calls["compute_us"].median()).fillna(0.0)
+        hi = hi + np.maximum(compute.to_numpy(), 0.0).round().astype(np.int64)
+        estimated = bool(len(train))
+    # An evaluation loop run inside a training step (Kineto: before the next prof.step())
+    # is not training time.
+    windows = subtract(lo, hi, evaluation["lo"].to_numpy(dtype=np.int64),
+                       evaluation["hi"].to_numpy(dtype=np.int64))
+    return windows, estimated, pd.DataFrame({"lo": lo, "hi": hi}, index=train.index)
+
+
+def nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[Node]:
+    if not (framework["kind"] == fmt.KIND_GETNEXT).any():
+        return []
+    calls_all = _calls_frame(framework)
+    inits_all = _inits_frame(framework)
+    fw_nodes = framework["node"]
+    out = []
+    for node, node_calls in calls_all.groupby("node", sort=True):
+        on_node = (fw_nodes == node).to_numpy()
+        node_fw = framework if on_node.all() else framework[on_node]  # one node: no copy
+        starts, ends = _training_steps(node_fw)
+        node_calls = node_calls.sort_values(["segment", "start_us"], kind="stable")
+        own = _own_steps(node_calls, starts, ends)
+        node_calls = node_calls.assign(own_step=own, training=own >= 0)
+        share = node_calls.groupby("segment", sort=False)["training"].mean()
+        has_steps = len(starts) > 0
+        training = share.index.to_numpy()[share.to_numpy() >= 0.5] if has_steps else np.array([], dtype=np.int64)
+        steps_matched = bool(len(training))
+        if not steps_matched:
+            training = share.index.to_numpy()
+        windows, estimated, segment_windows = _windows(node_calls, training, starts, ends, steps_matched)
+        inits = inits_all[(inits_all["node"] == node).to_numpy()]
+        cpu, iowait, cores, gpus = _system_series(system, host_of(node), node)
+        span = int(node_fw["end_us"].max() - node_fw["start_us"].min())
+        fetches = node_fw[(node_fw["kind"] == fmt.KIND_FETCH).to_numpy()][
+            ["start_us", "end_us", "duration_us", "worker_id", "iterator_id", "cpu_us"]]
+        out.append(Node(node, span, node_calls, inits, training, windows, has_steps, steps_matched,
+                        estimated, segment_windows, _loaders(node, node_calls, inits, training), cpu, iowait, cores, gpus,
+                        fetches))
+    return out

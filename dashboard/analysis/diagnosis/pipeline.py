@@ -1,0 +1,474 @@
+"""A model of torch's DataLoader pipeline (`_MultiProcessingDataLoaderIter`, torch 2.x):
+what a trial's records imply about each batch, and a replay of it under other settings.
+
+How the iterator moves batches (torch/utils/data/dataloader.py, confirmed against 2.13):
+`_reset()` primes `prefetch_factor x num_workers` tasks; each `next()` that returns a
+batch sends one more (`_process_data` -> `_try_put_index`), so that many are in flight.
+In order (the default) batch b of an epoch goes to worker b mod num_workers and `next()`
+returns batch b only, storing earlier arrivals; out of order a task goes to the next
+worker in the cycle with fewer than `prefetch_factor` outstanding, and `next()` returns
+whatever arrives first. A worker serves its tasks one after another.
+
+What is inferred from a trial (per loader, per batch, in its iterator's order):
+- the worker of each batch: recorded (collector, reference) or b mod num_workers;
+- compute: the main process's time from one GetNext's end to the next one's start; the
+  last batch of an iterator gets the iterator's median (an estimate);
+- the delivery cost: what a GetNext costs when its batch is already there (unpickling,
+  shared-memory tensors): the median wait of batches whose fetch ended before they were
+  asked for (collector), else a low quantile of the waits, capped (an estimate);
+- the service time: the worker's fetch of that batch, where the collector recorded it
+  (measured, with its CPU time). Without fetch events it is inferred: a batch that was
+  waited for became ready at the end of its GetNext less the delivery cost, and its
+  worker started it when its previous batch was ready or when it was sent (the return of
+  the batch `prefetch` places earlier), whichever came later; batches that were already
+  there only bound their service from above, so they get their worker's (else the
+  loader's) median (an estimate, and the model says so);
+- the start-up of workers that an iterator created: the time from its first GetNext to
+  its workers' first fetch, plus what their first fetch took beyond their median (a
+  dataset opened lazily in each new process), else inferred from the first batches;
+- CPU: a service time is a part that needs a core (the fetch's CPU time) and a part that
+  waits (storage, network, locks). When the workers' demand for cores exceeds the cores
+  left to them (the host's cores less the main process's compute and other load), the
+  computing part stretches; the waiting part never does.
+
+The replay runs the iterator's protocol batch by batch with those inputs and changed
+settings. It is exact for the protocol and approximate in its inputs; predictions use
+its difference between today's settings and the changed ones, applied to the measured
+wait, so that what the model does not capture cancels out. Large loaders are replayed on
+an even sample of their iterators (at most MAX_REPLAY_BATCHES batches) and scaled.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .loaders import Loader, Node, mean_in_windows
+
+# Waits below delivery cost + this are "the batch was there": timer and scheduling noise
+# on a busy host is of this order (a context switch, a wake-up of the main thread).
+READY_SLACK_US = 200.0
+# Without fetch events the delivery cost is this quantile of the waits, capped: torch's
+# per-batch cost is 0.3-1 ms for small batches (DATALOADER-PIPELINE.md); a higher low
+# quantile means every batch waited (workers too slow), not a costlier delivery.
+DELIVERY_QUANTILE = 0.05
+DELIVERY_CAP_US = 1_000.0
+# Delivery cost assumed for a loader that has no workers today (num_workers=0 -> N).
+DEFAULT_DELIVERY_US = 500.0
+# The replay's work is bounded: a Python step per batch, about 2 us each.
+MAX_REPLAY_BATCHES = 20_000
+# Cores are never thought to be fewer than this for the workers (a loaded host still
+# gives them some time).
+MIN_WORKER_CORES = 0.25
+
+
+@dataclass(frozen=True)
+class Settings:
+    num_workers: int
+    prefetch_factor: int
+    in_order: bool
+    persistent_workers: bool
+
+    def changed(self, change: dict) -> "Settings":
+        values = {**self.__dict__, **change}
+        return Settings(int(values["num_workers"]), int(values["prefetch_factor"]),
+                        bool(values["in_order"]), bool(values["persistent_workers"]))
+
+
+@dataclass
+class PipelineModel:
+    """One loader as the pipeline model sees it. Arrays are per batch, in iterator order."""
+    settings: Settings
+    delivery_us: float
+    service_measured: bool  # fetch events (collector) gave the service times
+    cpu_measured: bool  # fetch events carried the worker's CPU time
+    cores: int | None
+    cores_for_workers: float | None  # None: unknown, no stretching modelled
+    worker_cpu_cores: float | None  # the workers' CPU use today, in cores
+    speed: np.ndarray  # per worker: its median service over all workers' median
+    # every batch
+    segment: np.ndarray  # 0.. in time order
+    index: np.ndarray
+    worker: np.ndarray  # the worker that served it, -1 unknown / main process
+    wait_us: np.ndarray
+    compute_us: np.ndarray
+    service_us: np.ndarray  # as served today (NaN for a single-process loader: wait_us)
+    ready_known: np.ndarray  # its ready time is known (waited for, or fetch recorded)
+    recreated: np.ndarray  # per segment: its workers were started by it
+    startup_us: np.ndarray  # per segment x worker (num_workers columns): start-up latency
+    # the replay's inputs (a sample of the segments)
+    replay_segments: np.ndarray  # segment ids replayed
+    replay_scale: float  # all batches / replayed batches
+    latency_base_us: np.ndarray  # per batch: the waiting part, at speed 1
+    cpu_base_us: np.ndarray  # per batch: the computing part, at speed 1, unstretched
+    # their means over all batches (what the stretch reads; a compact model keeps them)
+    mean_latency_us: float = 0.0
+    mean_cpu_us: float = 0.0
+    mean_compute_us: float = 0.0
+
+    @property
+    def batches(self) -> int:
+        return len(self.wait_us)
+
+    def compact(self) -> "PipelineModel":
+        return compact(self)
+
+    def stretch(self, workers: int) -> float:
+        """How much the computing part of a fetch stretches with `workers` workers."""
+        cpu, latency = self.mean_cpu_us, self.mean_latency_us
+        if workers <= 0 or self.cores_for_workers is None or cpu <= 0:
+            return 1.0
+        consume = self.mean_compute_us + self.delivery_us
+        # Workers deliver at most W / service batches per second, and the main process
+        # takes at most 1 / (compute + delivery); the cores bound the workers to A / cpu.
+        rate = min(workers / max(latency + cpu, 1e-9), 1.0 / consume if consume > 0 else np.inf)
+        if rate * cpu <= self.cores_for_workers:
+            return 1.0
+        per_worker = workers * cpu / self.cores_for_workers  # each worker's wall per batch
+        return max(1.0, (per_worker - latency) / cpu)
+
+
+def compact(model: PipelineModel) -> PipelineModel:
+    """The model with only the batches the replay reads (a what-if later, from a cache)."""
+    keep = np.isin(model.segment, model.replay_segments)
+    per_batch = ("segment", "index", "worker", "wait_us", "compute_us", "service_us", "ready_known",
+                 "latency_base_us", "cpu_base_us")
+    values = {name: getattr(model, name)[keep] for name in per_batch}
+    return dataclasses.replace(model, **values)
+
+
+def _median(values) -> float | None:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if len(values) else None
+
+
+def _fetch_matches(loader: Loader, fetches: pd.DataFrame) -> pd.DataFrame | None:
+    """Each batch's fetch: the k-th fetch of a worker for an iterator served that
+    worker's k-th batch of it. A fetch belongs to the iterator named by its iterator_id
+    (collector), else to the one running when it started (after the previous iterator's
+    last GetNext: the first fetches run ahead of the first GetNext). None when the loader
+    has no fetch events or its batches name no worker."""
+    calls = loader.calls
+    if fetches.empty or calls["worker_id"].isna().all():
+        return None
+    lo, hi = int(calls["start_us"].min()), int(calls["end_us"].max())
+    fetch = fetches[fetches["worker_id"].notna()]
+    ids = calls["iterator_id"].dropna().unique()
+    by_id = len(ids) and not calls["iterator_id"].isna().any() and fetch["iterator_id"].isin(ids).any()
+    segments = calls.groupby("segment", sort=False).agg(first=("start_us", "first"), last=("end_us", "max"),
+                                                        iterator_id=("iterator_id", "first"))
+    if by_id:
+        fetch = fetch[fetch["iterator_id"].isin(ids)]
+        seg_of_id = pd.Series(segments.index.to_numpy(), index=segments["iterator_id"].to_numpy())
+        seg_of_id = seg_of_id[~seg_of_id.index.duplicated()]
+        fetch_segment = seg_of_id.reindex(fetch["iterator_id"].to_numpy()).to_numpy()
+    else:
+        previous_last = np.r_[-np.inf, segments["last"].to_numpy()[:-1]]
+        fetch = fetch[(fetch["end_us"] <= hi) & (fetch["start_us"] >= lo - 3_600_000_000)]
+        at = np.searchsorted(previous_last, fetch["start_us"].to_numpy(), side="right") - 1
+        fetch_segment = segments.index.to_numpy()[np.clip(at, 0, None)]
+    if fetch.empty:
+        return None
+    fetch = fetch.assign(segment=fetch_segment).sort_values("start_us", kind="stable")
+    fetch = fetch.assign(k=fetch.groupby(["segment", "worker_id"]).cumcount())
+    keyed = pd.DataFrame({"segment": calls["segment"].to_numpy(), "worker_id": calls["worker_id"].to_numpy()})
+    keyed["k"] = keyed.groupby(["segment", "worker_id"]).cumcount()
+    return keyed.merge(fetch[["segment", "worker_id", "k", "start_us", "end_us", "duration_us", "cpu_us"]],
+                       on=["segment", "worker_id", "k"], how="left")
+
+
+def build(loader: Loader, node: Node) -> PipelineModel:
+    calls = loader.calls
+    n = len(calls)
+    workers = int(loader.num_workers or 0)
+    segment = pd.factorize(calls["segment"].to_numpy())[0]
+    index = calls["index"].to_numpy(dtype=np.int64)
+    ask = calls["start_us"].to_numpy(dtype=np.float64)
+    ret = calls["end_us"].to_numpy(dtype=np.float64)
+    wait = calls["duration_us"].to_numpy(dtype=np.float64)
+    compute = calls["compute_us"].to_numpy(dtype=np.float64)
+    fill = _median(compute)
+    compute = np.where(np.isfinite(compute), np.maximum(compute, 0.0), fill if fill is not None else 0.0)
+    segments = int(segment.max()) + 1 if n else 0
+    first_ask = np.full(segments, np.nan)
+    first_ask[segment[::-1]] = ask[::-1]  # each segment's first GetNext start
+    recorded = calls["worker_id"].to_numpy(dtype=np.float64, na_value=np.nan)
+    if workers:
+        worker = np.where(np.isfinite(recorded) & (recorded >= 0), recorded, index % workers).astype(np.int64)
+        worker = np.where(worker < workers, worker, index % workers)
+    else:
+        worker = np.full(n, -1, dtype=np.int64)
+    persistent = bool(loader.persistent)
+    recreated = np.zeros(segments, dtype=bool)
+    if segments:
+        recreated[:] = not persistent
+        recreated[0] = True
+    settings = Settings(workers, loader.prefetch_factor, loader.in_order, persistent)
+    matched = _fetch_matches(loader, node.fetches) if workers else None
+    service = np.full(n, np.nan)
+    cpu = np.full(n, np.nan)
+    ready_known = np.zeros(n, dtype=bool)
+    startup = np.zeros((segments, max(workers, 1)))
+
+    measured = False
+    if not workers:  # the main process loads each batch inside next()
+        service = wait.copy()
+        delivery = 0.0
+    elif matched is not None and matched["duration_us"].notna().mean() >= 0.5:
+        fetch_start = matched["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+        fetch_end = matched["end_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+        service = matched["duration_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+        cpu = matched["cpu_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+        ready_before = np.isfinite(fetch_end) & (fetch_end <= ask)
+        delivery = _median(wait[ready_before]) if ready_before.any() else None
+        if delivery is None:
+            delivery = min(float(np.quantile(wait, DELIVERY_QUANTILE)), DELIVERY_CAP_US)
+        ready_known = np.isfinite(fetch_end)
+        # Start-up of the workers an iterator created: from its first GetNext to each
+        # worker's first fetch, plus that fetch's time beyond the worker's median.
+        for w in range(workers):
+            mine = np.flatnonzero(worker == w)
+            med = _median(service[mine])
+            if med is None:
+                continue
+            of_segment = segment[mine]
+            firsts = mine[np.r_[True, of_segment[1:] != of_segment[:-1]]]  # its first batch in each
+            seg = segment[firsts]
+            late = np.nan_to_num(fetch_start[firsts] - first_ask[seg], nan=0.0).clip(min=0.0)
+            extra = np.nan_to_num(service[firsts] - med, nan=0.0).clip(min=0.0)
+            startup[seg, w] = np.where(recreated[seg], late + extra, 0.0)
+            service[firsts] = np.where(recreated[seg], np.fmin(service[firsts], med), service[firsts])
+        measured = True
+    else:
+        delivery = min(float(np.quantile(wait, DELIVERY_QUANTILE)) if n else 0.0, DELIVERY_CAP_US)
+    if workers and not measured:
+        service, ready_known, startup = _inferred_service(
+            segment, index, worker, ask, ret, wait, delivery, workers,
+            workers * loader.prefetch_factor, first_ask, recreated)
+    if workers:
+        # Batches without a measured or inferred service: their worker's median, else all.
+        overall = _median(service) or 0.0
+        if not measured:
+            overall = _unwaited_service(service, worker, workers, compute, delivery, overall)
+        for w in range(workers):
+            mine = (worker == w) & ~np.isfinite(service)
+            if mine.any():
+                service[mine] = _median(service[worker == w]) or overall
+        service = np.where(np.isfinite(service), service, overall)
+        medians = np.array([_median(service[worker == w]) or overall for w in range(workers)])
+        speed = medians / overall if overall > 0 else np.ones(workers)
+        speed = np.where(np.isfinite(speed) & (speed > 0), speed, 1.0)
+    else:
+        speed = np.ones(0)
+
+    cores = node.cores
+    windows = node.windows
+    util = mean_in_windows(node.cpu, windows)
+    training_us = max(float(node.training_us), 1.0)
+    main_cores = min(1.0, float(np.sum(compute)) / training_us)
+    cpu_measured = bool(workers) and bool(np.isfinite(cpu).mean() >= 0.5)
+    if cpu_measured:
+        cpu = np.where(np.isfinite(cpu), np.minimum(cpu, service), np.nanmedian(cpu))
+        worker_cores = float(np.sum(cpu)) / training_us
+    elif util is not None and cores:
+        # No CPU time per fetch: the host's use beyond the main process's is the
+        # workers' (an estimate), shared over their service time.
+        # Busy workers use at most a core each: the rest of the host's use is someone else's.
+        busy = float(np.sum(service)) / training_us  # worker-seconds per second
+        worker_cores = min(max(0.0, util / 100.0 * cores - main_cores), busy)
+        share = min(1.0, worker_cores / busy) if busy > 0 else 0.0
+        cpu = service * share
+    else:
+        worker_cores = None
+        cpu = np.zeros(n)
+    cores_for_workers = None
+    if cores:
+        free = cores - main_cores
+        if util is not None and worker_cores is not None:
+            free = min(free, cores * (1.0 - util / 100.0) + worker_cores)
+        if cpu_measured and float(np.sum(service)) > 0:
+            # While busy the workers demonstrably used this many cores: no fewer are theirs.
+            free = max(free, workers * float(np.sum(cpu)) / float(np.sum(service)))
+        cores_for_workers = max(MIN_WORKER_CORES, free)
+
+    model = PipelineModel(
+        settings=settings, delivery_us=float(delivery), service_measured=measured, cpu_measured=cpu_measured,
+        cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
+        segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
+        ready_known=ready_known, recreated=recreated, startup_us=startup,
+        replay_segments=np.zeros(0, dtype=np.int64), replay_scale=1.0,
+        latency_base_us=np.zeros(0), cpu_base_us=np.zeros(0))
+    # The unstretched parts at speed 1: today's service = (latency + cpu x stretch) x speed.
+    per_speed = speed[worker] if workers else np.ones(n)
+    base = service / per_speed
+    cpu_base = np.minimum(cpu / per_speed, base)
+    model.cpu_base_us = cpu_base
+    model.mean_cpu_us = float(np.mean(cpu_base)) if n else 0.0
+    model.mean_compute_us = float(np.mean(compute)) if n else 0.0
+    # Today's stretch, first as if nothing waited beyond the CPU work; then the waiting
+    # part is what today's service leaves once the CPU work is stretched.
+    model.mean_latency_us = float(np.mean(base - cpu_base)) if n else 0.0
+    sigma = model.stretch(workers)
+    model.latency_base_us = np.maximum(base - cpu_base * sigma, 0.0)
+    model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
+    model.replay_segments, model.replay_scale = _sample(segment, segments)
+    return model
+
+
+def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers, prefetch, first_ask,
+                      recreated):
+    """Service times and start-ups from the main process's records alone (see the module)."""
+    n = len(wait)
+    ready_known = wait > delivery + READY_SLACK_US
+    ready = np.where(ready_known, ret - delivery, np.nan)
+    pos = np.arange(n)
+    same_back = lambda k: (pos - k >= 0) & (segment[np.clip(pos - k, 0, None)] == segment) & (index >= k)  # noqa: E731
+    # sent at the return of the batch `prefetch` places earlier (primed at the start)
+    has_sender = same_back(prefetch)
+    sent = np.where(has_sender, ret[np.clip(pos - prefetch, 0, None)], first_ask[segment])
+    has_previous = same_back(workers)
+    previous_ready = np.where(has_previous, ready[np.clip(pos - workers, 0, None)], np.nan)
+    began = np.fmax(sent, previous_ready)
+    service = np.where(ready_known & has_previous & np.isfinite(previous_ready), ready - began, np.nan)
+    service = np.where(service > 0, service, np.nan)
+    startup = np.zeros((len(first_ask), workers))
+    med_all = _median(service)
+    first_round = index < workers
+    for w in range(workers):
+        mine = first_round & (worker == w) & ready_known
+        med = _median(service[worker == w]) or med_all or 0.0
+        seg = segment[mine]
+        startup[seg, w] = np.where(recreated[seg], np.maximum(ready[mine] - first_ask[seg] - med, 0.0), 0.0)
+    return service, ready_known, startup
+
+
+def _unwaited_service(service, worker, workers, compute, delivery, overall) -> float:
+    """The service assumed for workers whose batches were never waited for.
+
+    Under in-order delivery alike workers leave the waits on the worker first in line
+    (worker 0: each epoch starts the cycle there); the ones behind it are as fast, their
+    batches merely ready. Waits on other workers and none on worker 0 mean those workers
+    are slower: the ones never waited for are then taken to be just fast enough to keep
+    up with the main process (num_workers x (compute + delivery)), no faster (an estimate
+    that does not over-promise what out-of-order delivery would give)."""
+    known = [bool(np.isfinite(service[worker == w]).any()) for w in range(workers)]
+    if known[0] or not any(known):
+        return overall
+    just_enough = workers * (float(np.median(compute)) + delivery) if len(compute) else overall
+    fast = min(overall, just_enough)
+    for w in range(workers):
+        if not known[w]:
+            service[worker == w] = fast
+    return overall
+
+
+def _sample(segment: np.ndarray, segments: int) -> tuple[np.ndarray, float]:
+    """Segments to replay: all, or an even sample of at most MAX_REPLAY_BATCHES batches."""
+    n = len(segment)
+    if n <= MAX_REPLAY_BATCHES or segments <= 1:
+        return np.arange(segments), 1.0
+    sizes = np.bincount(segment, minlength=segments)
+    keep = max(1, int(segments * MAX_REPLAY_BATCHES / n))
+    chosen = np.unique(np.linspace(0, segments - 1, keep).round().astype(np.int64))
+    chosen = np.union1d(chosen, [0])  # the first: it starts the workers
+    return chosen, n / max(int(sizes[chosen].sum()), 1)
+
+
+# --- the replay -----------------------------------------------------------------------------
+
+def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, delivery) -> list[float]:
+    free = list(ready_at)
+    returned = []
+    waits = []
+    now = 0.0
+    for b, (c, comp) in enumerate(zip(cost, compute)):
+        w = b % workers
+        sent = returned[b - prefetch] if b >= prefetch else 0.0
+        start = free[w] if free[w] > sent else sent
+        done = start + c * speed[w]
+        free[w] = done
+        back = (done if done > now else now) + delivery
+        waits.append(back - now)
+        returned.append(back)
+        now = back + comp
+    return waits
+
+
+def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, delivery) -> list[float]:
+    free = list(ready_at)
+    outstanding = [0] * workers
+    cap = max(1, prefetch // workers)
+    pending: list[tuple[float, int]] = []
+    state = {"sent": 0, "cycle": 0}
+    n = len(cost)
+
+    def send(at: float) -> None:
+        if state["sent"] >= n:
+            return
+        for _ in range(workers):
+            w = state["cycle"]
+            state["cycle"] = (w + 1) % workers
+            if outstanding[w] < cap:
+                break
+        else:
+            return
+        start = free[w] if free[w] > at else at
+        done = start + cost[state["sent"]] * speed[w]
+        free[w] = done
+        outstanding[w] += 1
+        state["sent"] += 1
+        heapq.heappush(pending, (done, w))
+
+    for _ in range(min(prefetch, n)):
+        send(0.0)
+    now = 0.0
+    waits = []
+    for comp in compute:  # the k-th next() returns whatever arrived first
+        if not pending:
+            break
+        done, w = heapq.heappop(pending)
+        back = (done if done > now else now) + delivery
+        waits.append(back - now)
+        outstanding[w] -= 1
+        send(back)
+        now = back + comp
+    return waits
+
+
+def replay(model: PipelineModel, settings: Settings) -> float:
+    """The model's total wait (us) over all of the loader's batches under `settings`."""
+    return float(sum(float(np.sum(w)) for _, w in replay_waits(model, settings))) * model.replay_scale
+
+
+def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndarray]]:
+    """Per replayed segment, the model's wait of each next() under `settings` (in
+    delivery order; in order that is the batch order)."""
+    workers = settings.num_workers
+    sigma = model.stretch(workers)
+    cost_all = model.latency_base_us + model.cpu_base_us * sigma
+    delivery = model.delivery_us if model.settings.num_workers else DEFAULT_DELIVERY_US
+    speed = [float(model.speed[w]) if w < len(model.speed) else 1.0 for w in range(workers)]
+    starts = np.searchsorted(model.segment, model.replay_segments, side="left")
+    stops = np.searchsorted(model.segment, model.replay_segments, side="right")
+    first_start = model.startup_us[0] if len(model.startup_us) else np.zeros(1)
+    out = []
+    for seg, lo, hi in zip(model.replay_segments.tolist(), starts.tolist(), stops.tolist()):
+        cost = cost_all[lo:hi]
+        if workers == 0:
+            out.append((seg, cost.copy()))
+            continue
+        fresh = seg == 0 or not settings.persistent_workers
+        today = model.startup_us[seg] if model.recreated[seg] else first_start
+        ready = today if fresh else np.zeros_like(today)
+        if not model.settings.num_workers:
+            ready = np.zeros(1)
+        extra = float(np.median(ready)) if len(ready) else 0.0
+        ready_at = [float(ready[w]) if w < len(ready) else extra for w in range(workers)]
+        run = _replay_in_order if settings.in_order else _replay_any_order
+        out.append((seg, np.asarray(run(cost.tolist(), model.compute_us[lo:hi].tolist(), ready_at, speed,
+                                        workers, workers * settings.prefetch_factor, delivery))))
+    return out

@@ -1,0 +1,113 @@
+"""What-if: DataLoader settings in, predicted wait and training time out.
+
+A change is a dict of the settings the pipeline model replays: num_workers,
+prefetch_factor, in_order, persistent_workers. The prediction is today's measured wait
+less what the replay saves between today's settings and the changed ones (see
+`pipeline`); the compute between batches is the same, so training time falls by the
+same seconds. A loader without a recorded worker count cannot be replayed: its
+prediction is None, and says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .budget import LoaderBudget
+from .loaders import Loader
+from .pipeline import PipelineModel, replay
+
+# Bounds a user can ask for: torch accepts more, no host has use for them.
+MAX_WORKERS = 256
+MAX_PREFETCH = 64
+_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+KEYS = ("num_workers", "prefetch_factor", "in_order", "persistent_workers")
+
+
+def _as_int(key: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{key} must be a whole number, not {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{key} must be a whole number, not {value!r}") from None
+    if not low <= number <= high:
+        raise ValueError(f"{key} must be between {low} and {high}, not {number}")
+    return number
+
+
+def _as_bool(key: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOLS:
+        return _BOOLS[value.strip().lower()]
+    raise ValueError(f"{key} must be true or false, not {value!r}")
+
+
+def validate(change: dict) -> dict:
+    """The change with typed values, or ValueError naming the first bad key or value."""
+    if not isinstance(change, dict) or not change:
+        raise ValueError("a what-if needs at least one setting, e.g. num_workers=8")
+    out = {}
+    for key, value in change.items():
+        if key == "num_workers":
+            out[key] = _as_int(key, value, 0, MAX_WORKERS)
+        elif key == "prefetch_factor":
+            out[key] = _as_int(key, value, 1, MAX_PREFETCH)
+        elif key in ("in_order", "persistent_workers"):
+            out[key] = _as_bool(key, value)
+        else:
+            raise ValueError(f"unknown what-if setting {key!r}: use " + ", ".join(KEYS))
+    return out
+
+
+def parse(text: str) -> dict:
+    """'num_workers=8,in_order=false' -> {'num_workers': 8, 'in_order': False}."""
+    change = {}
+    for item in str(text).split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not value.strip():
+            raise ValueError(f"what-if {text!r}: write settings as key=value[,key=value], "
+                             f"e.g. num_workers=8,in_order=false")
+        if key in change:
+            raise ValueError(f"what-if {text!r}: {key} is given twice")
+        change[key] = value.strip()
+    return validate(change)
+
+
+@dataclass
+class WhatIf:
+    node: str
+    loader: str
+    change: dict
+    now: dict  # wait_fraction, training_s
+    predicted: dict | None  # None: the model cannot replay this loader
+    note: str = ""
+
+    @property
+    def saving_s(self) -> float | None:
+        return None if self.predicted is None else round(self.now["training_s"] - self.predicted["training_s"], 6)
+
+
+def _fraction(wait_s: float, training_s: float) -> float:
+    return round(wait_s / training_s, 6) if training_s > 0 else 0.0
+
+
+def predict(loader: Loader, model: PipelineModel | None, budget: LoaderBudget, change: dict) -> WhatIf:
+    change = validate(change)
+    now = {"wait_fraction": _fraction(budget.wait_s, budget.training_s), "training_s": budget.training_s}
+    if model is None:
+        return WhatIf(budget.node, budget.loader, change, now, None,
+                      "the trial does not record this loader's num_workers: it cannot be replayed")
+    settings = model.settings.changed(change)
+    if settings.num_workers == 0 and model.settings.num_workers == 0 and len(change) == 1 \
+            and "num_workers" in change:
+        saved = 0.0
+    else:
+        saved = (replay(model, model.settings) - replay(model, settings)) / 1e6
+    # Never more than is waited today; a slower setting may add waiting.
+    saved = min(saved, budget.wait_s)
+    wait = budget.wait_s - saved
+    training = max(budget.training_s - saved, 1e-9)
+    note = "" if model.service_measured else "service times inferred from the main process's waits (an estimate)"
+    return WhatIf(budget.node, budget.loader, change, now,
+                  {"wait_fraction": _fraction(wait, training), "training_s": round(training, 6)}, note)
