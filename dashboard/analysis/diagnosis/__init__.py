@@ -14,6 +14,7 @@ Pure functions of the frames: no I/O, no printing.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -22,7 +23,7 @@ from . import findings as finding_modules
 from . import loaders as loaders_module
 from .budget import PARTS, LoaderBudget, budget as loader_budget
 from .findings import MAX_LISTED, MIN_SHARE_OF_JOB, ORDER, LoaderContext, Recommendation
-from .pipeline import PipelineModel, build
+from .pipeline import PipelineModel, build, infer_workers
 from .verdict import (CLASS_HIGHLY, CLASS_MODERATELY, CLASS_NOT, HIGHLY_INPUT_BOUND_PERCENT,
                       MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, node_verdict,
                       trial_verdict)
@@ -90,6 +91,10 @@ def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float 
     for node in nodes:
         node.verdict = node_verdict(node)
         for loader in node.loaders:
+            if loader.num_workers is None and loader.multi_process:
+                inferred = infer_workers(loader)
+                if inferred is not None:
+                    loader = dataclasses.replace(loader, num_workers=inferred, num_workers_inferred=True)
             replays = loader.num_workers is not None
             model = build(loader, node) if replays else None
             item = loader_budget(node, loader, model) if model is not None else _unmodelled_budget(node, loader)

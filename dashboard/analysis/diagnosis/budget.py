@@ -4,7 +4,8 @@ Parts, per training loader (they add up to its measured wait, by construction):
 - main_process: a loader without workers (num_workers=0) loads inside next(): all of it;
 - startup: the first round of each iterator (one batch per worker): what it waited
   beyond the steady wait of those workers' batches (starting processes, opening the
-  dataset in each, filling the pipeline);
+  dataset in each, filling the pipeline); and, where the trial records it (Kineto), the
+  next() that ends the epoch (shutting the workers down);
 - tail: steady batches that waited far beyond their worker's steady wait (single slow
   samples or batches): their excess over it;
 - imbalance: a slow worker under in-order delivery: the steady wait on its batches
@@ -174,6 +175,11 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
     else:
         worker, index = model.worker, model.index
         first_round = index < workers
+        if loader.records_stop_iteration:
+            # torch.profiler records the next() that raises StopIteration: the epoch's end,
+            # where non-persistent workers are shut down. Start-up's counterpart, not a batch.
+            last = np.r_[model.segment[1:] != model.segment[:-1], True]
+            first_round = first_round | last
         steady = ~first_round
         base_by_worker = _per_worker_median(g, worker, steady, workers)
         base = base_by_worker[worker]

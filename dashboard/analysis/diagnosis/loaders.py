@@ -53,6 +53,7 @@ class Loader:
     # process's time from this GetNext's end to the next one's start; NaN for the last).
     calls: pd.DataFrame
     inits: int  # initializations seen for it
+    num_workers_inferred: bool = False  # not recorded: read from the period of its stalls
 
     @property
     def name(self) -> str:
@@ -61,8 +62,16 @@ class Loader:
 
     @property
     def label(self) -> str:
-        workers = "num_workers unknown" if self.num_workers is None else f"num_workers={self.num_workers}"
+        workers = ("num_workers unknown" if self.num_workers is None else
+                   f"num_workers={self.num_workers}, inferred" if self.num_workers_inferred else
+                   f"num_workers={self.num_workers}")
         return f"{self.name} ({workers})"
+
+    @property
+    def records_stop_iteration(self) -> bool:
+        """torch.profiler's `enumerate(DataLoader)#...__next__` includes the call that ends
+        the epoch; the reference's and the collector's GetNext do not."""
+        return self.cls.startswith("enumerate(")
 
     @property
     def multi_process(self) -> bool:

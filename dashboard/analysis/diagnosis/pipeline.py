@@ -131,6 +131,50 @@ class PipelineModel:
         return max(1.0, (per_worker - latency) / cpu)
 
 
+# Inferring the worker count from stalls: at least this many stalls in an iterator, most
+# gaps between consecutive stalls equal to one period, covering most of its rounds.
+PERIOD_MIN_STALLS = 4
+PERIOD_GAP_SHARE = 0.75
+PERIOD_COVERAGE = 0.5
+PERIOD_MAX = 64
+# A first batch this many times the ready batches' wait: the recording began with the
+# iterator (it paid the workers' start), so batch b is the iterator's b-th.
+FRESH_START_FACTOR = 5.0
+
+
+def infer_workers(loader: Loader) -> int | None:
+    """The worker count of a multi-process loader whose trial does not record it
+    (torch.profiler traces): under in-order delivery the waits recur once per round of
+    num_workers batches, on alike workers (the batch first in line) as on a slow one. Only
+    iterators that the recording saw start count (else the batch numbers are not the
+    iterator's, and the round cannot be placed)."""
+    calls = loader.calls
+    waits = calls["duration_us"].to_numpy(dtype=np.float64)
+    index = calls["index"].to_numpy()
+    segment = calls["segment"].to_numpy()
+    last = pd.Series(index).groupby(segment).transform("max").to_numpy()
+    inner = (index > 0) & (index < last)  # not the start, nor Kineto's StopIteration call
+    if inner.sum() < PERIOD_MIN_STALLS:
+        return None
+    ready = float(np.quantile(waits[inner], 0.25))
+    threshold = max(2.0 * max(ready, 1.0), float(np.median(waits[inner])))
+    found = {}
+    for seg in np.unique(segment):  # iterators of a trace: one per recording, a few
+        mine = segment == seg
+        if waits[mine & (index == 0)].max(initial=0.0) < FRESH_START_FACTOR * max(ready, 1.0):
+            continue
+        stalls = index[mine & inner & (waits > threshold)]
+        if len(stalls) < PERIOD_MIN_STALLS:
+            continue
+        values, counts = np.unique(np.diff(stalls), return_counts=True)
+        period = int(values[np.argmax(counts)])
+        rounds = (int(last[mine].max()) - 1) / max(period, 1)
+        if 2 <= period <= PERIOD_MAX and counts.max() >= PERIOD_GAP_SHARE * (len(stalls) - 1) \
+                and len(stalls) >= PERIOD_COVERAGE * rounds:
+            found[period] = found.get(period, 0) + len(stalls)
+    return max(found, key=found.get) if found else None
+
+
 def compact(model: PipelineModel) -> PipelineModel:
     """The model with only the batches the replay reads (a what-if later, from a cache)."""
     keep = np.isin(model.segment, model.replay_segments)

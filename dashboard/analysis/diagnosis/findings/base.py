@@ -48,7 +48,8 @@ class LoaderContext:
 
     def evidence(self, **more) -> dict:
         return {"node": self.node.node, "loader": self.loader.name, "num_workers": self.loader.num_workers,
-                "part_s": None, **more}
+                "num_workers_inferred": self.loader.num_workers_inferred,
+                "batches": self.budget.evidence.get("batches"), "part_s": None, **more}
 
     def recommend(self, kind: str, text: str, evidence: dict, seconds: float | None,
                   result: WhatIf | None) -> Recommendation:

@@ -22,11 +22,13 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     mine = inits[(inits["pid"] == loader.pid) & (inits["cls"] == loader.cls)]
     init_s = float(mine["duration_us"].median()) / 1e6 if len(mine) else None
     recreated = loader.persistent is False and loader.segments >= 2
+    calls = loader.calls
+    first_batch_s = float(calls.loc[calls["index"] == 0, "duration_us"].median()) / 1e6
     starts = int(model.recreated.sum()) if model is not None else loader.segments
     evidence = ctx.evidence(part_s=round(startup, 6), iterators=loader.segments, starts=starts,
                             persistent_workers=loader.persistent,
                             persistent_recorded=loader.persistent_recorded,
-                            startup_s=round(startup / max(starts, 1), 6),
+                            startup_s=round(startup / max(starts, 1), 6), first_batch_s=round(first_batch_s, 6),
                             init_median_s=None if init_s is None else round(init_s, 6),
                             windows=[{"start_us": s, "end_us": e} for s, e in budget.windows.get("startup", [])])
     if recreated:

@@ -4,6 +4,7 @@ Reads the budget's `throughput` and `main_process` parts; the worker count is th
 smallest the what-if finds to give nearly all of the best saving."""
 from __future__ import annotations
 
+from ..verdict import MODERATELY_INPUT_BOUND_PERCENT
 from .base import LoaderContext, Recommendation, predicted_text, seconds_text
 
 # The worker count suggested is the smallest whose predicted saving is within this share
@@ -68,7 +69,8 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     part = budget.parts["throughput"]
     # Every batch pays the delivery cost, ready or not: more workers do not remove it.
     delivery = (budget.evidence.get("delivery_s") or 0.0) * budget.evidence.get("batches", 0)
-    if not ctx.worth(part - delivery):
+    # Worth a change of worker count when it alone makes the loader moderately input-bound.
+    if not ctx.worth(part - delivery) or part - delivery < MODERATELY_INPUT_BOUND_PERCENT / 100 * budget.training_s:
         return []
     workers = loader.num_workers
     chosen, tried = _search(ctx, workers)
