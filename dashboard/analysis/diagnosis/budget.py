@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from .loaders import Loader, Node, mean_in_windows, merge
+from .loaders import Loader, Node, merge
 from .pipeline import READY_SLACK_US, PipelineModel, replay_waits
 
 PARTS = ("startup", "throughput", "imbalance", "tail", "main_process", "residual")
@@ -159,7 +159,7 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
     training_us = loader_training_us(node, loader)
     parts = dict.fromkeys(PARTS, 0.0)
     windows: dict = {}
-    util = mean_in_windows(node.cpu, node.windows)
+    util = node.training_cpu_percent
     evidence = {"batches": int(len(g)), "iterators": int(loader.segments),
                 "num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
                 "in_order": loader.in_order, "persistent_workers": loader.persistent,

@@ -116,6 +116,11 @@ class Node:
         return int(sum(e - s for s, e in self.windows))
 
     @cached_property
+    def training_cpu_percent(self) -> float | None:
+        """The host's mean CPU use over its cores during training."""
+        return mean_in_windows(self.cpu, self.windows)
+
+    @cached_property
     def training_calls(self) -> pd.DataFrame:
         return self.calls[np.isin(self.calls["segment"].to_numpy(), self.training_segments)]
 
@@ -310,8 +315,7 @@ def _loaders(node: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.n
         return []
     configs = _segment_configs(calls, inits)
     keys = ["pid", "cls", "workers", "pin_memory", "persistent_workers", "prefetch_factor", "in_order"]
-    key_frame = configs[keys].astype("object").where(configs[keys].notna(), None)
-    configs["loader"] = pd.factorize(pd.MultiIndex.from_frame(key_frame))[0]
+    configs["loader"] = configs.groupby(keys, dropna=False, sort=False, observed=True).ngroup().to_numpy()
     loader_of = pd.Series(configs["loader"].to_numpy(), index=configs["segment"].to_numpy())
     calls = calls.assign(loader=loader_of.reindex(calls["segment"].to_numpy()).to_numpy())
     out = []

@@ -46,14 +46,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .loaders import Loader, Node, mean_in_windows
+from .loaders import Loader, Node
 
 # Waits below delivery cost + this are "the batch was there": timer and scheduling noise
 # on a busy host is of this order (a context switch, a wake-up of the main thread).
 READY_SLACK_US = 200.0
-# Without fetch events the delivery cost is this quantile of the waits, capped: torch's
-# per-batch cost is 0.3-1 ms for small batches (DATALOADER-PIPELINE.md); a higher low
-# quantile means every batch waited (workers too slow), not a costlier delivery.
+# Without fetch events the delivery cost is read from the waits near this low quantile,
+# capped: torch's per-batch cost is 0.3-1 ms for small batches (DATALOADER-PIPELINE.md);
+# a higher one means every batch waited (workers too slow), not a costlier delivery.
 DELIVERY_QUANTILE = 0.05
 DELIVERY_CAP_US = 1_000.0
 # Delivery cost assumed for a loader that has no workers today (num_workers=0 -> N).
@@ -270,7 +270,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         ready_before = np.isfinite(fetch_end) & (fetch_end <= ask)
         delivery = _median(wait[ready_before]) if ready_before.any() else None
         if delivery is None:
-            delivery = min(float(np.quantile(wait, DELIVERY_QUANTILE)), DELIVERY_CAP_US)
+            delivery = _delivery_from_waits(wait)
         ready_known = np.isfinite(fetch_end)
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
@@ -288,7 +288,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
             service[firsts] = np.where(recreated[seg], np.fmin(service[firsts], med), service[firsts])
         measured = True
     else:
-        delivery = min(float(np.quantile(wait, DELIVERY_QUANTILE)) if n else 0.0, DELIVERY_CAP_US)
+        delivery = _delivery_from_waits(wait)
     if workers and not measured:
         service, ready_known, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
@@ -310,8 +310,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         speed = np.ones(0)
 
     cores = node.cores
-    windows = node.windows
-    util = mean_in_windows(node.cpu, windows)
+    util = node.training_cpu_percent
     training_us = max(float(node.training_us), 1.0)
     main_cores = min(1.0, float(np.sum(compute)) / training_us)
     cpu_measured = bool(workers) and bool(np.isfinite(cpu).mean() >= 0.5)
@@ -356,11 +355,23 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     # Today's stretch, first as if nothing waited beyond the CPU work; then the waiting
     # part is what today's service leaves once the CPU work is stretched.
     model.mean_latency_us = float(np.mean(base - cpu_base)) if n else 0.0
-    sigma = model.stretch(workers)
+    # A loader without workers loads in one process, as one worker would: same contention.
+    sigma = model.stretch(max(workers, 1))
     model.latency_base_us = np.maximum(base - cpu_base * sigma, 0.0)
     model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
     model.replay_segments, model.replay_scale = _sample(segment, segments)
     return model
+
+
+def _delivery_from_waits(wait: np.ndarray) -> float:
+    """The delivery cost from the waits alone: the median of the short ones (within twice
+    a low quantile), capped (see DELIVERY_CAP_US). The median, not the low quantile
+    itself: the cost varies from batch to batch, and its spread is no one's wait."""
+    if not len(wait):
+        return 0.0
+    low = float(np.quantile(wait, DELIVERY_QUANTILE))
+    short = wait[wait <= 2 * low + READY_SLACK_US]
+    return min(float(np.median(short)) if len(short) else low, DELIVERY_CAP_US)
 
 
 def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers, prefetch, first_ask,
@@ -492,7 +503,7 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
     """Per replayed segment, the model's wait of each next() under `settings` (in
     delivery order; in order that is the batch order)."""
     workers = settings.num_workers
-    sigma = model.stretch(workers)
+    sigma = model.stretch(max(workers, 1))
     cost_all = model.latency_base_us + model.cpu_base_us * sigma
     delivery = model.delivery_us if model.settings.num_workers else DEFAULT_DELIVERY_US
     speed = [float(model.speed[w]) if w < len(model.speed) else 1.0 for w in range(workers)]
@@ -510,8 +521,9 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
         ready = today if fresh else np.zeros_like(today)
         if not model.settings.num_workers:
             ready = np.zeros(1)
-        extra = float(np.median(ready)) if len(ready) else 0.0
-        ready_at = [float(ready[w]) if w < len(ready) else extra for w in range(workers)]
+        ready_at = ready.tolist()[:workers]
+        if workers > len(ready_at):  # new workers start as today's do, on the median
+            ready_at += [float(np.median(ready)) if len(ready) else 0.0] * (workers - len(ready_at))
         run = _replay_in_order if settings.in_order else _replay_any_order
         out.append((seg, np.asarray(run(cost.tolist(), model.compute_us[lo:hi].tolist(), ready_at, speed,
                                         workers, workers * settings.prefetch_factor, delivery))))
