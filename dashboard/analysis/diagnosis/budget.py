@@ -201,7 +201,9 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
                 steady_wait += float(np.sum(excess[on_tail]))
             parts["imbalance"] = min(imbalance, steady_wait)
         throughput = steady_wait - parts["imbalance"]
-        parts["residual"] = _residual(model, g, throughput, steady)
+        # Throughput's batches: steady ones that are neither stalls nor the slow worker's.
+        plain = steady & ~tail_mask & (worker != slow if slow is not None else True)
+        parts["residual"] = _residual(model, g, throughput, plain)
         parts["throughput"] = throughput - parts["residual"]
         bound, estimated = _bound(model, node, util)
         evidence.update({"steady_wait_s": [round(float(b) / 1e6, 6) for b in base_by_worker],
@@ -223,7 +225,8 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
 
 
 def _residual(model: PipelineModel, g: np.ndarray, throughput: float, steady: np.ndarray) -> float:
-    """Measured steady waiting that the replay of today's settings does not produce.
+    """Measured steady waiting that the replay of today's settings does not produce, over
+    the batches `steady` names (throughput's), as a share of the throughput part.
 
     The k-th wait of an iterator is its k-th next(), in the replay as in the trial, in
     order or not; the first round (k < num_workers) is start-up in both."""
