@@ -1,0 +1,153 @@
+"""The wait budget's own guarantees, on every kind of trial the project has: its parts add up
+to the measured wait, the measured wait is the loader's GetNexts (summed here from the frame,
+not by the code under test), findings never claim more than the wait, and the bundled
+sample's planted faults each get their finding. What-if inputs are checked at every door."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dashboard
+from dashboard import format as fmt
+from dashboard.analysis.diagnosis import PARTS, parse_what_if, validate_what_if
+from dashboard.synthetic import write_trial
+from tests.conftest import ROOT
+from tests.test_verdict import MP, SP, plant
+
+SAMPLE = os.path.join(ROOT, "examples", "sample-trial", "trial")
+
+
+def _trials(tmp_path) -> dict[str, str]:
+    folders = {"sample": SAMPLE}
+    write_trial(str(tmp_path / "synthetic"), epochs=3, train_batches=40, val_batches=5, num_workers=3,
+                slow_batches={(1, 7): 90_000, (2, 30): 120_000}, slow_worker=1, slow_worker_factor=6.0)
+    folders["synthetic"] = str(tmp_path / "synthetic")
+    plant(str(tmp_path / "planted"), epochs=2, batches=30, persistent=False, num_workers=4,
+          getnext_us=lambda epoch, batch, worker: 25_000 if worker == 3 else 700, cpu_percent=60.0)
+    folders["planted"] = str(tmp_path / "planted")
+    plant(str(tmp_path / "single"), batches=25, num_workers=0, cls=SP, getnext_us=lambda *_: 9_000)
+    folders["single"] = str(tmp_path / "single")
+    return folders
+
+
+def _getnext_seconds(result, budget) -> float:
+    """The loader's training GetNexts, summed from the frame: the node's GetNexts of the
+    loader's class (the label's head), all counting as training here (no evaluation steps)."""
+    frame = result.trial.framework
+    calls = frame[(frame["kind"] == fmt.KIND_GETNEXT) & (frame["node"].astype(str) == budget.node)]
+    cls = budget.loader.split(" ", 1)[0]
+    mine = calls[calls["name"].astype(str).str.startswith(cls)]
+    return float(mine["duration_us"].sum()) / 1e6
+
+
+def test_parts_add_up_to_the_measured_wait_on_every_fixture(tmp_path):
+    for name, folder in _trials(tmp_path).items():
+        result = dashboard.analyze(folder)
+        assert result.budget, name
+        for budget in result.budget:
+            assert set(budget.parts) == set(PARTS), name
+            assert sum(budget.parts.values()) == pytest.approx(budget.wait_s, abs=2e-6), name
+            assert budget.wait_s == pytest.approx(_getnext_seconds(result, budget), abs=2e-6), name
+            assert all(v >= -1e-6 for v in budget.parts.values()), (name, budget.parts)
+            assert 0 < budget.wait_s <= budget.training_s, name
+            assert budget.bound in ("latency", "cpu", "unknown")
+        # the budgets are the verdict's wait, split
+        assert sum(b.wait_s for b in result.budget) == pytest.approx(result.verdict.getnext_s, abs=1e-5), name
+        by_loader: dict = {}
+        for item in result.recommendations:
+            if item.saving_s is not None:
+                key = (item.evidence.get("node"), item.evidence.get("loader"))
+                by_loader[key] = by_loader.get(key, 0.0) + item.saving_s
+        for (node, loader), saving in by_loader.items():
+            wait = sum(b.wait_s for b in result.budget if b.node == node and b.loader.startswith(loader))
+            assert saving <= wait + 1e-3, (name, node, loader)
+        json.dumps(result.to_dict(), allow_nan=False)  # the JSON form stays valid JSON
+
+
+def test_the_bundled_sample_names_its_planted_faults():
+    # examples/sample-trial/record.py plants: non-persistent workers that open the dataset's
+    # index again in every new process (0.4 s), slow samples (about one in a hundred), and a
+    # validation loader that loads in the main process.
+    result = dashboard.analyze(SAMPLE)
+    ids = {r.id for r in result.recommendations}
+    assert {"persistent_workers", "slow_samples", "use_workers"} <= ids
+    assert "slow_worker" not in ids  # which worker meets a slow sample is the luck of the draw
+    by_class = {b.loader.split(" ", 1)[0]: b for b in result.budget}
+    train, val = by_class[MP], by_class[SP]
+    assert train.largest == "tail" and train.parts["startup"] > 0.05 * train.wait_s
+    assert val.parts["main_process"] == pytest.approx(val.wait_s)
+    persistent = next(r for r in result.recommendations if r.id == "persistent_workers")
+    assert persistent.change == {"persistent_workers": True}
+    assert 0 < persistent.saving_s <= train.parts["startup"]
+    # every finding with a change carries that change's prediction, and the what-if agrees
+    for item in result.recommendations:
+        if item.predicted is not None:
+            again = [w for w in result.what_if(item.change) if w.node == item.evidence["node"]
+                     and w.loader.startswith(item.evidence["loader"])]
+            assert again and again[0].predicted == item.predicted
+
+
+def test_a_clean_job_has_a_small_residual_and_no_finding(tmp_path):
+    plant(str(tmp_path), batches=60, getnext_us=lambda *_: 400, step_us=20_000)
+    result = dashboard.analyze(str(tmp_path))
+    [budget] = result.budget
+    assert result.recommendations == []
+    assert budget.parts["residual"] <= 0.05 * budget.wait_s + 1e-6
+
+
+@pytest.mark.parametrize("text, message", [
+    ("num_workers=8", None), ("num_workers=8,in_order=false", None), ("prefetch_factor=4", None),
+    ("persistent_workers=true", None),
+    ("num_workrs=8", "unknown what-if setting 'num_workrs'"), ("num_workers=-1", "between 0 and 256"),
+    ("num_workers=x", "whole number"), ("in_order=maybe", "true or false"), ("num_workers", "key=value"),
+    ("num_workers=2,num_workers=3", "given twice"), ("prefetch_factor=0", "between 1 and 64")])
+def test_what_if_settings_are_parsed_or_refused_clearly(text, message):
+    if message is None:
+        change = parse_what_if(text)
+        assert validate_what_if(change) == change
+    else:
+        with pytest.raises(ValueError, match=message):
+            parse_what_if(text)
+
+
+def test_what_if_from_the_command_line_and_the_api(tmp_path):
+    plant(str(tmp_path), batches=40, getnext_us=lambda *_: 30_000, first_us=30_000, step_us=30_000,
+          cpu_percent=30.0, cores=8)
+    app = [sys.executable, os.path.join(ROOT, "app.py"), "analyze", str(tmp_path)]
+    out = subprocess.run(app + ["--json", "--what-if", "num_workers=4", "--what-if", "num_workers=4,in_order=false"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    data = json.loads(out)
+    asked = [w for w in data["what_if"] if w["asked"]]
+    assert [w["change"] for w in asked] == [{"num_workers": 4}, {"num_workers": 4, "in_order": False}]
+    api = dashboard.analyze(str(tmp_path)).what_if("num_workers=4")
+    assert asked[0]["predicted"] == api[0].predicted
+    # Two workers fetch in 2 x 60 ms; four keep up with the 30 ms compute: what is left is
+    # the pipeline's first fill and the delivery of each batch (under 5 % of training).
+    assert asked[0]["now"]["wait_fraction"] == pytest.approx(0.5, abs=0.01)
+    assert asked[0]["predicted"]["wait_fraction"] < 0.08
+    assert asked[0]["predicted"]["training_s"] == pytest.approx(api[0].now["training_s"] - 1.1, abs=0.1)
+    bad = subprocess.run(app + ["--what-if", "workers=4"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "error: --what-if: unknown what-if setting 'workers': use num_workers, prefetch_factor, in_order, "
+        "persistent_workers"]
+    text = subprocess.run(app + ["--what-if", "num_workers=4"], capture_output=True, text=True, check=True,
+                          cwd=ROOT).stdout
+    assert "What if num_workers=4" in text and "Wait budget of" in text
+
+
+def test_a_verdict_of_many_iterators_and_a_long_tail_of_batches(tmp_path):
+    # 2,000 iterators of 3 batches (a job calling iter() every few steps): vectorised, the
+    # budget has one loader whose start-ups are every iterator's first round.
+    write_trial(str(tmp_path), epochs=2_000, train_batches=3, val_batches=0, num_workers=2, system=False,
+                init_us=(100, 200))
+    result = dashboard.analyze(str(tmp_path))
+    [budget] = result.budget
+    assert budget.evidence["iterators"] == 2_000 and budget.evidence["batches"] == 6_000
+    assert sum(budget.parts.values()) == pytest.approx(budget.wait_s, abs=2e-6)
+    assert np.isfinite(result.verdict.input_percent)
