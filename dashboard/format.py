@@ -66,6 +66,9 @@ ARG_IN_ORDER = "in_order"
 # collector fetch events: the worker process's CPU time during the fetch (a fetch that
 # takes far longer than its CPU time waits on storage, the network or a lock)
 ARG_CPU_US = "cpu_us"
+# ...and the time it was runnable but waited for a core (Linux schedstat): CPU contention,
+# told apart from waiting on storage or the network
+ARG_RUNQ_US = "runq_us"
 ARG_START_TIME = "start_time_since_epoch_in_micros"
 
 # Layout of a trial.

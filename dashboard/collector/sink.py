@@ -202,9 +202,10 @@ class _Spool:
                 if not fields:
                     continue
                 if fields[0] == b"F" and state["start"] is not None:
-                    # the CPU time (5th field) is absent in spools of older collectors
+                    # CPU and run-queue times (5th, 6th fields): absent in older collectors' spools
                     cpu_ns = int(fields[4]) if len(fields) > 4 else -1000
-                    fetches.append((int(fields[1]), int(fields[2]), int(fields[3]), cpu_ns))
+                    runq_ns = int(fields[5]) if len(fields) > 5 else -1000
+                    fetches.append((int(fields[1]), int(fields[2]), int(fields[3]), cpu_ns, runq_ns))
                 elif fields[0] == b"S":
                     pid, wid, nw, iid, created, entry = (int(f) for f in fields[1:7])
                     state["start"] = {"pid": pid, "worker_id": wid, "num_workers": nw, "iid": iid,
@@ -481,18 +482,18 @@ class Sink:
         trace_pid = self.trace.phase_pid(fmt.PHASE_WORKER_FETCH)
         head = ',\n{"name": %s, "pid": %d, "ph": "X", "ts": %%d, "dur": %%d, "args": {"pid": %d, ' % (
             _dumps(fetch_event_name(self._worker_class(start["iid"]))), trace_pid, start["pid"])
-        template = head + ('"worker_id": %d, "iterator_id": %%d, "collate_us": %%d, "cpu_us": %%d}}'
+        template = head + ('"worker_id": %d, "iterator_id": %%d, "collate_us": %%d, "cpu_us": %%d, "runq_us": %%d}}'
                            % start["worker_id"])
         spawned_by = self.iterators.get(start["iid"])
         loader = spawned_by.loader if spawned_by is not None else None
         base = self._base_us
         parts = []
         first_us, last_us = None, 0
-        for t0, t1, collate_ns, cpu_ns in fetches:
+        for t0, t1, collate_ns, cpu_ns, runq_ns in fetches:
             start_us, end_us = t0 // 1000, t1 // 1000
             iid = loader.iterator_at(start_us, start["iid"]) if loader is not None else start["iid"]
             parts.append(template % (start_us - base, max(0, end_us - start_us), iid, max(0, collate_ns) // 1000,
-                                     cpu_ns // 1000 if cpu_ns >= 0 else -1))
+                                     cpu_ns // 1000 if cpu_ns >= 0 else -1, runq_ns // 1000 if runq_ns >= 0 else -1))
             first_us = start_us if first_us is None else min(first_us, start_us)
             last_us = max(last_us, end_us)
         self.trace.write_events("".join(parts), first_us, last_us)

@@ -8,8 +8,11 @@ imports this module. Either way the worker records into its own spool file,
 `<spool>/<pid>.w`, one line per record:
 
     S <pid> <worker_id> <num_workers> <iterator_id> <created_ns> <entry_ns>
-    F <start_ns> <end_ns> <collate_ns> <cpu_ns> (one per batch fetched, optional; cpu_ns:
-                                                the process's CPU time during the fetch)
+    F <start_ns> <end_ns> <collate_ns> <cpu_ns> <runq_ns>
+                                                (one per batch fetched, optional; cpu_ns: the
+                                                process's CPU time during the fetch; runq_ns:
+                                                its time runnable but waiting for a core, -1
+                                                where the kernel does not say)
     E <end_ns> <how>                            (exit | term | error)
 
 `created_ns` is the process's creation time as the kernel recorded it (Linux, 10 ms
@@ -142,9 +145,9 @@ class _Recorder:
             written = os.write(self.fd, data)
             data = data[written:]
 
-    def fetched(self, start_ns: int, end_ns: int, cpu_ns: int) -> None:
+    def fetched(self, start_ns: int, end_ns: int, cpu_ns: int, runq_ns: int) -> None:
         try:
-            self.pending.append(f"F {start_ns} {end_ns} {self.collate_ns} {cpu_ns}\n")
+            self.pending.append(f"F {start_ns} {end_ns} {self.collate_ns} {cpu_ns} {runq_ns}\n")
             self.collate_ns = 0
             if len(self.pending) >= FLUSH_EVERY_RECORDS or end_ns - self.last_flush_ns >= FLUSH_EVERY_S * 1e9:
                 self.flush(end_ns)
@@ -198,7 +201,7 @@ class _Recorder:
         from torch.utils.data._utils import fetch as torch_fetch
 
         recorder = self
-        now, cpu_now = time.time_ns, time.process_time_ns
+        now, cpu_now, waited = time.time_ns, time.process_time_ns, _run_queue_reader()
         for name in ("_MapDatasetFetcher", "_IterableDatasetFetcher"):
             cls = getattr(torch_fetch, name, None)
             original = getattr(cls, "fetch", None) if cls is not None else None
@@ -209,9 +212,10 @@ class _Recorder:
                 # CPU time beside wall time tells a worker that computes from one that waits
                 # (storage, network, a lock): the what-if stretches only the computing part
                 # when workers outnumber the free cores.
-                cpu_start, start = cpu_now(), now()
+                cpu_start, queued, start = cpu_now(), waited(), now()
                 data = _original(self, possibly_batched_index)
-                recorder.fetched(start, now(), cpu_now() - cpu_start)
+                end, cpu_end, queued_end = now(), cpu_now(), waited()
+                recorder.fetched(start, end, cpu_end - cpu_start, queued_end - queued if queued >= 0 else -1)
                 return data
 
             fetch._dlp_timed = True
@@ -224,6 +228,25 @@ class _Recorder:
         elif callable(kwargs.get("collate_fn")):
             kwargs = dict(kwargs, collate_fn=_TimedCollate(kwargs["collate_fn"], self))
         return args, kwargs
+
+
+def _run_queue_reader():
+    """A function returning this thread's time spent runnable but waiting for a core (ns),
+    from Linux's /proc/thread-self/schedstat (its second field), or -1 where there is none.
+    One pread of a small file: a few microseconds, in the worker only."""
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        os.pread(fd, 128, 0).split()[1]
+    except (OSError, IndexError, AttributeError):
+        return lambda: -1
+
+    def read() -> int:
+        try:
+            return int(os.pread(fd, 128, 0).split()[1])
+        except (OSError, IndexError, ValueError):
+            return -1
+
+    return read
 
 
 def _int(value) -> int:

@@ -13,6 +13,7 @@ framework: one row per event
     persistent_workers (boolean), prefetch_factor (Int64), in_order (boolean)
                              the DataLoader's settings, on iterator inits (this project's collector)
     cpu_us (Int64)           fetch events: the worker's process CPU time during the fetch
+    runq_us (Int64)          fetch events: the time the worker was runnable, waiting for a core
 
 system: one row per sample
     node (category), timestamp_us (int64, epoch us), type, name, dimension (category),
@@ -45,6 +46,7 @@ FRAMEWORK_ARROW_SCHEMA = pa.schema([
     pa.field("prefetch_factor", pa.int64()),
     pa.field("in_order", pa.bool_()),
     pa.field("cpu_us", pa.int64()),
+    pa.field("runq_us", pa.int64()),
 ])
 SYSTEM_ARROW_SCHEMA = pa.schema([
     pa.field("node", pa.string()),
@@ -56,7 +58,7 @@ SYSTEM_ARROW_SCHEMA = pa.schema([
 ])
 FRAMEWORK_COLUMNS = ["node", "pid", "phase", "name", "kind", "start_us", "end_us", "duration_us",
                      "worker_id", "num_workers", "pin_memory", "step", "iterator_id",
-                     "persistent_workers", "prefetch_factor", "in_order", "cpu_us"]
+                     "persistent_workers", "prefetch_factor", "in_order", "cpu_us", "runq_us"]
 SYSTEM_COLUMNS = [f.name for f in SYSTEM_ARROW_SCHEMA]
 
 

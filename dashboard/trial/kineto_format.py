@@ -53,7 +53,8 @@ import pyarrow as pa
 
 from .. import format as fmt
 from .frames import FRAMEWORK_ARROW_SCHEMA
-from .smdebug_format import _MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number, place_in_time
+from .smdebug_format import (_MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number,
+                             place_in_time)
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
 # What a Kineto trace does not record, by the names the report uses.
@@ -356,7 +357,7 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
         columns["pin_memory"].append(None)
         columns["step"].append(step)
         columns["iterator_id"].append(recording)
-    for unrecorded in ("persistent_workers", "prefetch_factor", "in_order", "cpu_us"):
+    for unrecorded in ("persistent_workers", "prefetch_factor", "in_order", "cpu_us", "runq_us"):
         columns[unrecorded] = [None] * len(columns["node"])
     return ParsedFile(pa.Table.from_pydict(columns, schema=FRAMEWORK_ARROW_SCHEMA), skipped, problems)
 

@@ -138,9 +138,10 @@ def _bound(model: PipelineModel, node: Node, util: float | None) -> tuple[str, b
         return "unknown", True
     saturated = util is not None and util >= CPU_SATURATED_PERCENT
     if model.cpu_measured:
-        # The fetches' own CPU share, with the stretch from sharing cores taken out.
-        share = (float(np.sum(model.cpu_base_us * model.speed[model.worker]))
-                 * model.stretch(model.settings.num_workers) / service)
+        # The fetches' share of time computing or queueing for a core (measured), else
+        # computing, with the model's stretch from sharing cores.
+        stretch = model.contention or model.stretch(model.settings.num_workers)
+        share = float(np.sum(model.cpu_base_us * model.speed[model.worker])) * stretch / service
         return ("latency" if share < LATENCY_CPU_SHARE else "cpu"), False
     if util is None or not node.cores:
         return "unknown", True
@@ -213,7 +214,8 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
                          "cores_for_workers": None if model.cores_for_workers is None
                          else round(model.cores_for_workers, 2),
                          "worker_cpu_cores": None if model.worker_cpu_cores is None
-                         else round(model.worker_cpu_cores, 2)})
+                         else round(model.worker_cpu_cores, 2),
+                         "contention": None if model.contention is None else round(model.contention, 3)})
         windows = _part_windows(loader, first_round & (excess > 0), tail_mask,
                                 worker == slow if slow is not None else None)
     evidence["bound_estimated"] = estimated

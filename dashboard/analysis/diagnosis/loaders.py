@@ -395,7 +395,7 @@ def nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[Node]:
         cpu, iowait, cores, gpus = _system_series(system, host_of(node), node)
         span = int(node_fw["end_us"].max() - node_fw["start_us"].min())
         fetches = node_fw[(node_fw["kind"] == fmt.KIND_FETCH).to_numpy()][
-            ["start_us", "end_us", "duration_us", "worker_id", "iterator_id", "cpu_us"]]
+            ["start_us", "end_us", "duration_us", "worker_id", "iterator_id", "cpu_us", "runq_us"]]
         out.append(Node(node, span, node_calls, inits, training, windows, has_steps, steps_matched,
                         estimated, segment_windows, _loaders(node, node_calls, inits, training), cpu, iowait, cores, gpus,
                         fetches))

@@ -60,6 +60,9 @@ DELIVERY_CAP_US = 1_000.0
 DEFAULT_DELIVERY_US = 500.0
 # The replay's work is bounded: a Python step per batch, about 2 us each.
 MAX_REPLAY_BATCHES = 20_000
+# Fetches whose CPU work took this much longer for queueing on a run queue (schedstat)
+# had the cores they could get: the workers' share of the cores is what they used.
+CONTENDED = 1.1
 # Cores are never thought to be fewer than this for the workers (a loaded host still
 # gives them some time).
 MIN_WORKER_CORES = 0.25
@@ -108,6 +111,7 @@ class PipelineModel:
     mean_latency_us: float = 0.0
     mean_cpu_us: float = 0.0
     mean_compute_us: float = 0.0
+    contention: float | None = None  # (cpu + run-queue wait) / cpu of the fetches, measured
 
     @property
     def batches(self) -> int:
@@ -221,7 +225,7 @@ def _fetch_matches(loader: Loader, fetches: pd.DataFrame) -> pd.DataFrame | None
     fetch = fetch.assign(k=fetch.groupby(["segment", "worker_id"]).cumcount())
     keyed = pd.DataFrame({"segment": calls["segment"].to_numpy(), "worker_id": calls["worker_id"].to_numpy()})
     keyed["k"] = keyed.groupby(["segment", "worker_id"]).cumcount()
-    return keyed.merge(fetch[["segment", "worker_id", "k", "start_us", "end_us", "duration_us", "cpu_us"]],
+    return keyed.merge(fetch[["segment", "worker_id", "k", "start_us", "end_us", "duration_us", "cpu_us", "runq_us"]],
                        on=["segment", "worker_id", "k"], how="left")
 
 
@@ -255,6 +259,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     matched = _fetch_matches(loader, node.fetches) if workers else None
     service = np.full(n, np.nan)
     cpu = np.full(n, np.nan)
+    runq = np.full(n, np.nan)
     ready_known = np.zeros(n, dtype=bool)
     startup = np.zeros((segments, max(workers, 1)))
 
@@ -265,8 +270,9 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     elif matched is not None and matched["duration_us"].notna().mean() >= 0.5:
         fetch_start = matched["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
         fetch_end = matched["end_us"].to_numpy(dtype=np.float64, na_value=np.nan)
-        service = matched["duration_us"].to_numpy(dtype=np.float64, na_value=np.nan)
-        cpu = matched["cpu_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+        service = matched["duration_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
+        cpu = matched["cpu_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
+        runq = matched["runq_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
         ready_before = np.isfinite(fetch_end) & (fetch_end <= ask)
         delivery = _median(wait[ready_before]) if ready_before.any() else None
         if delivery is None:
@@ -314,9 +320,13 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     training_us = max(float(node.training_us), 1.0)
     main_cores = min(1.0, float(np.sum(compute)) / training_us)
     cpu_measured = bool(workers) and bool(np.isfinite(cpu).mean() >= 0.5)
+    contention = None  # today's stretch of the CPU work, where the kernel measured it
     if cpu_measured:
         cpu = np.where(np.isfinite(cpu), np.minimum(cpu, service), np.nanmedian(cpu))
         worker_cores = float(np.sum(cpu)) / training_us
+        if np.isfinite(runq).mean() >= 0.5 and float(np.sum(cpu)) > 0:
+            runq = np.where(np.isfinite(runq), np.clip(runq, 0.0, service - cpu), np.nanmedian(runq))
+            contention = float(np.sum(cpu + runq)) / float(np.sum(cpu))
     elif util is not None and cores:
         # No CPU time per fetch: the host's use beyond the main process's is the
         # workers' (an estimate), shared over their service time.
@@ -334,8 +344,10 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         if util is not None and worker_cores is not None:
             free = min(free, cores * (1.0 - util / 100.0) + worker_cores)
         if cpu_measured and float(np.sum(service)) > 0:
-            # While busy the workers demonstrably used this many cores: no fewer are theirs.
-            free = max(free, workers * float(np.sum(cpu)) / float(np.sum(service)))
+            # While busy the workers demonstrably used this many cores: no fewer are theirs;
+            # and where they queued for a core meanwhile, no more either.
+            used = workers * float(np.sum(cpu)) / float(np.sum(service))
+            free = used if contention is not None and contention > CONTENDED else max(free, used)
         cores_for_workers = max(MIN_WORKER_CORES, free)
 
     model = PipelineModel(
@@ -352,13 +364,19 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     model.cpu_base_us = cpu_base
     model.mean_cpu_us = float(np.mean(cpu_base)) if n else 0.0
     model.mean_compute_us = float(np.mean(compute)) if n else 0.0
-    # Today's stretch, first as if nothing waited beyond the CPU work; then the waiting
-    # part is what today's service leaves once the CPU work is stretched.
-    model.mean_latency_us = float(np.mean(base - cpu_base)) if n else 0.0
-    # A loader without workers loads in one process, as one worker would: same contention.
-    sigma = model.stretch(max(workers, 1))
-    model.latency_base_us = np.maximum(base - cpu_base * sigma, 0.0)
-    model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
+    if contention is not None:
+        # Measured: the waiting part is what is neither CPU work nor queueing for a core.
+        model.latency_base_us = np.maximum(base - (cpu + runq) / per_speed, 0.0)
+        model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
+    else:
+        # Today's stretch, first as if nothing waited beyond the CPU work; then the waiting
+        # part is what today's service leaves once the CPU work is stretched.
+        model.mean_latency_us = float(np.mean(base - cpu_base)) if n else 0.0
+        # A loader without workers loads in one process, as one worker would: same contention.
+        sigma = model.stretch(max(workers, 1))
+        model.latency_base_us = np.maximum(base - cpu_base * sigma, 0.0)
+        model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
+    model.contention = contention
     model.replay_segments, model.replay_scale = _sample(segment, segments)
     return model
 

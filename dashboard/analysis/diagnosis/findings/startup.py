@@ -33,6 +33,8 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
                             windows=[{"start_us": s, "end_us": e} for s, e in budget.windows.get("startup", [])])
     if recreated:
         result = ctx.predict({"persistent_workers": True})
+        if result.predicted is not None and not ctx.worth(result.saving_s):
+            return []  # the waits are the pipeline filling each epoch, which persistence keeps
         text = (f"Workers are re-created every epoch: {loader.label} on {ctx.node.node} started new workers "
                 f"{starts} times, and the first batches of each start waited {seconds_text(startup / starts)} "
                 f"beyond the steady wait ({seconds_text(startup)} in all)"
