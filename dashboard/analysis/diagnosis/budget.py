@@ -7,7 +7,9 @@ Parts, per training loader (they add up to its measured wait, by construction):
   dataset in each, filling the pipeline); and, where the trial records it (Kineto), the
   next() that ends the epoch (shutting the workers down);
 - tail: steady batches that waited far beyond their worker's steady wait (single slow
-  samples or batches): their excess over it;
+  samples or batches): their excess over it; where the collector recorded the fetches,
+  only batches whose own fetch was slow, and not from queueing for a core (contention
+  stays in throughput);
 - imbalance: a slow worker under in-order delivery: the steady wait on its batches
   beyond what the other workers' batches wait;
 - throughput: the rest of the steady wait: the workers not keeping up with the compute
@@ -131,6 +133,24 @@ def _slow_worker(model: PipelineModel, base: np.ndarray, tail_mask: np.ndarray) 
     return None, evidence
 
 
+def _slow_fetch(model: PipelineModel) -> np.ndarray:
+    """Batches whose own fetch was slow: over TAIL_FACTOR x its worker's median fetch, and
+    not mostly from queueing for a core (where the kernel measured it). A long wait for a
+    batch that was fetched as fast as the others is the main process's own delay or the
+    pipeline's (throughput), not a slow sample; one that queued for a core is contention."""
+    service, worker = model.service_us, model.worker
+    workers = model.settings.num_workers
+    median = np.array([np.median(service[worker == w]) if (worker == w).any() else np.nan
+                       for w in range(workers)])[worker]
+    slow = service > TAIL_FACTOR * median
+    runq = model.runq_us
+    if np.isfinite(runq).any():
+        typical = np.nanmedian(runq)
+        queued = np.nan_to_num(runq - typical, nan=0.0)
+        slow &= queued < 0.5 * (service - median)
+    return slow
+
+
 def _bound(model: PipelineModel, node: Node, util: float | None) -> tuple[str, bool]:
     """latency | cpu | unknown, and whether it is an estimate."""
     service = float(np.sum(model.service_us))
@@ -186,6 +206,8 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
         base = base_by_worker[worker]
         excess = np.maximum(g - base, 0.0)
         tail_mask = steady & (g > np.maximum(TAIL_FACTOR * base, base + TAIL_MIN_US))
+        if model.service_measured:
+            tail_mask &= _slow_fetch(model)
         parts["startup"] = float(np.sum(excess[first_round]))
         parts["tail"] = float(np.sum(excess[tail_mask]))
         steady_wait = wait - parts["startup"] - parts["tail"]

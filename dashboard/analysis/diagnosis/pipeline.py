@@ -99,6 +99,7 @@ class PipelineModel:
     wait_us: np.ndarray
     compute_us: np.ndarray
     service_us: np.ndarray  # as served today (NaN for a single-process loader: wait_us)
+    runq_us: np.ndarray  # of it, queueing for a core (NaN: not measured)
     ready_known: np.ndarray  # its ready time is known (waited for, or fetch recorded)
     recreated: np.ndarray  # per segment: its workers were started by it
     startup_us: np.ndarray  # per segment x worker (num_workers columns): start-up latency
@@ -182,7 +183,7 @@ def infer_workers(loader: Loader) -> int | None:
 def compact(model: PipelineModel) -> PipelineModel:
     """The model with only the batches the replay reads (a what-if later, from a cache)."""
     keep = np.isin(model.segment, model.replay_segments)
-    per_batch = ("segment", "index", "worker", "wait_us", "compute_us", "service_us", "ready_known",
+    per_batch = ("segment", "index", "worker", "wait_us", "compute_us", "service_us", "runq_us", "ready_known",
                  "latency_base_us", "cpu_base_us")
     values = {name: getattr(model, name)[keep] for name in per_batch}
     return dataclasses.replace(model, **values)
@@ -354,7 +355,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         settings=settings, delivery_us=float(delivery), service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
-        ready_known=ready_known, recreated=recreated, startup_us=startup,
+        runq_us=runq if contention is not None else np.full(n, np.nan), ready_known=ready_known, recreated=recreated, startup_us=startup,
         replay_segments=np.zeros(0, dtype=np.int64), replay_scale=1.0,
         latency_base_us=np.zeros(0), cpu_base_us=np.zeros(0))
     # The unstretched parts at speed 1: today's service = (latency + cpu x stretch) x speed.
