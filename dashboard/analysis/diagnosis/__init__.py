@@ -55,25 +55,21 @@ class Assessment:
 
 
 def _merge_nodes(found: list[Recommendation]) -> list[Recommendation]:
-    """One finding per kind: the one saving most, naming the other nodes where it applies."""
-    by_id: dict[str, list[Recommendation]] = {}
+    """One finding per kind and loader: the node where it saves most, naming the other
+    nodes (ranks of one job) where the same loader has it."""
+    by_key: dict[tuple, list[Recommendation]] = {}
     for item in found:
-        by_id.setdefault(item.id, []).append(item)
+        by_key.setdefault((item.id, item.evidence.get("loader")), []).append(item)
     merged = []
-    for kind, items in by_id.items():
+    for items in by_key.values():
         items.sort(key=lambda r: -(r.saving_s or 0.0))
         head = items[0]
         nodes = sorted({r.evidence.get("node") for r in items})
-        loaders = {(r.evidence.get("node"), r.evidence.get("loader")) for r in items}
         if len(nodes) > 1:
             others = [n for n in nodes if n != head.evidence.get("node")]
             head = Recommendation(head.id, head.text + f" The same holds on {len(others)} other node(s): "
                                   + ", ".join(others[:MAX_LISTED]) + ".",
                                   {**head.evidence, "nodes": nodes}, head.saving_s, head.change, head.predicted)
-        elif len(loaders) > 1:
-            head = Recommendation(head.id, head.text + f" The same holds for {len(loaders) - 1} other loader(s).",
-                                  {**head.evidence, "loaders": sorted(str(x[1]) for x in loaders)},
-                                  head.saving_s, head.change, head.predicted)
         merged.append(head)
     merged.sort(key=lambda r: (r.saving_s is None, -(r.saving_s or 0.0), ORDER.index(r.id)))
     return merged
