@@ -148,7 +148,7 @@ def test_a_plain_trace_with_two_loaders_is_a_trial(two_loaders):
     assert set(cli["verdict"]) == {"input_percent", "class", "basis"}
     assert cli["verdict"]["class"] in ("highly", "moderately", "not")
     assert list(cli["nodes_verdict"]) == [f"0-{HOST}"]
-    assert all(set(r) == {"id", "text", "evidence", "saving_s"} for r in cli["recommendations"])
+    assert all(set(r) == {"id", "text", "evidence", "saving_s", "change", "predicted"} for r in cli["recommendations"])
 
 
 def test_times_match_an_independent_read_of_the_trace(two_loaders):

@@ -95,9 +95,8 @@ def _kind_of(phases: pd.Categorical, names: pd.Categorical) -> pd.Categorical:
 def kind_of_phase(phase: str) -> str | None:
     """The kind a phase implies, or None when the phase does not say (DataLoaderIter: the
     name says, see kind_in_iter_phase)."""
-    return {fmt.PHASE_INIT: fmt.KIND_INIT,
-            fmt.PHASE_WORKER: fmt.KIND_WORKER, fmt.PHASE_WORKER_FETCH: fmt.KIND_FETCH,
-            fmt.LEGACY_PHASE_WORKER_FETCH: fmt.KIND_FETCH}.get(
+    return {fmt.PHASE_INIT: fmt.KIND_INIT, fmt.PHASE_WORKER: fmt.KIND_WORKER,
+            fmt.PHASE_WORKER_FETCH: fmt.KIND_FETCH, fmt.LEGACY_PHASE_WORKER_FETCH: fmt.KIND_FETCH}.get(
         phase, fmt.KIND_STEP if phase.startswith("Step:") else None)
 
 

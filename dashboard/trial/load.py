@@ -12,14 +12,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, MutableMapping, Sequence
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import format as fmt
 from . import frames
 from .errors import FileOutsideTrialError, NotATrialError, TrialError, TrialTooLargeError, size_text
 from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
 from .kineto_format import is_kineto_key, parse_kineto_pieces
-from .smdebug_format import ParsedFile, decompress, parse_system_file, parse_trace_file
+from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, decompress, duration_text,
+                             parse_system_file, parse_trace_file, time_text)
 from .store import READ_THREADS, FileInfo, S3Store, Store, fingerprint, open_store
 
 FRAMEWORK, SYSTEM = "framework", "system"
@@ -121,6 +125,17 @@ def classify_key(key: str) -> tuple[str, str] | None:
     return None
 
 
+def name_time_us(key: str, kind: str) -> int | None:
+    """The time the name of a trial file of this kind carries (a framework file's end, a system
+    file's minute), in epoch microseconds; None for a name without one (a .tmp framework file)."""
+    base = posixpath.basename(key)
+    if kind == FRAMEWORK:
+        match = fmt.FRAMEWORK_FILE_RE.match(base)
+        return int(match.group("end_us")) if match else None
+    match = fmt.SYSTEM_FILE_RE.match(base) if kind == SYSTEM else None
+    return int(match.group("epoch_s")) * 1_000_000 if match else None
+
+
 _PARSE_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 2)
 _PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file}
 
@@ -177,10 +192,15 @@ class _ParsedEntry:
     nbytes: int  # as counted against max_bytes
 
 
+# Names the parsers' rules in file_cache keys: a parse kept by a reader with other rules (2: events
+# far from their file's time are skipped) is not taken for one of this reader's.
+_PARSE_RULES = 2
+
+
 def _file_cache_key(path: str, info: FileInfo) -> str:
     """Names one version of one file of one trial: a file whose size or version (ETag,
     mtime) changed is another entry."""
-    identity = f"{path}\0{info.key}\0{info.size}\0{info.version}".encode()
+    identity = f"{path}\0{info.key}\0{info.size}\0{info.version}\0{_PARSE_RULES}".encode()
     return "parsed:" + hashlib.sha256(identity).hexdigest()
 
 
@@ -255,7 +275,7 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
             # parses than cores at once only multiplies the memory held by half-parsed files.
             with _PARSE_SLOTS:
                 guard.check()
-                parsed = _PARSERS[kind](data, node)
+                parsed = _PARSERS[kind](data, node, name_time_us(key, kind))
             del data
         guard.add_events(digest, parsed.rows)
         # Only files with events are worth keeping: the rest are cheap to read again.
@@ -264,6 +284,58 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
     except TrialError as exc:  # S3 unreachable, access denied, over a limit: fails the load
         guard.fail(exc)
         raise
+
+
+# How far from the trial's median time an event may lie: a trial is one job, and a job lasts a
+# month at most (MAX_EVENT_BEFORE_FILE_US: SageMaker's 28-day limit), wherever its median is.
+# Each file's events are checked against the file's own time already; this catches a file whose
+# every time is wrong, and its name's too: a host whose clock is off, or one wrong event that the
+# writer's hour rotation put in a file of its own.
+MAX_EVENT_FROM_TRIAL_US = MAX_EVENT_BEFORE_FILE_US
+
+
+def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport) -> dict[str, list]:
+    """The tables by kind, without the rows far from the trial's median time; those are
+    counted in the report's skipped lines of their file.
+
+    The median is weighted by rows over the files' own medians: most of the trial's events
+    decide it, and no column of the whole trial is copied to find it."""
+    tables: dict[str, list] = {FRAMEWORK: [], SYSTEM: [], KINETO: []}
+    read = [(key, kind, table) for key, kind, table in read if table.num_rows]
+    if not read:
+        return tables
+    medians = np.array([np.median(table.column("timestamp_us" if kind == SYSTEM else "end_us").to_numpy())
+                        for _, kind, table in read])
+    rows = np.array([table.num_rows for _, _, table in read])
+    order = np.argsort(medians, kind="stable")
+    middle = np.searchsorted(np.cumsum(rows[order]), rows.sum() / 2)
+    center = int(medians[order][middle])
+    # int64 bounds: compared with a float, Arrow would cast the times to float64 and refuse those
+    # beyond 2**53 (year 2255).
+    low, high = (pa.scalar(center + offset, pa.int64()) for offset in (-MAX_EVENT_FROM_TRIAL_US,
+                                                                         MAX_EVENT_FROM_TRIAL_US))
+    reasons = {item.path: index for index, item in enumerate(report.files_with_skipped_lines)}
+    for key, kind, table in read:
+        if kind == SYSTEM:
+            start = end = table.column("timestamp_us")
+        else:
+            start, end = table.column("start_us"), table.column("end_us")
+        near = pc.and_(pc.greater_equal(start, low), pc.less_equal(end, high))
+        far = table.num_rows - (pc.sum(near).as_py() or 0)
+        if far:
+            table = table.filter(near)
+            why = (f"{far} {'record' if kind == SYSTEM else 'event'}(s) more than "
+                   f"{duration_text(MAX_EVENT_FROM_TRIAL_US)} from the trial's median time "
+                   f"({time_text(center)})")
+            report.lines_skipped += far
+            if key in reasons:
+                earlier = report.files_with_skipped_lines[reasons[key]]
+                report.files_with_skipped_lines[reasons[key]] = SkippedFile(key, f"{earlier.reason}; {why}")
+            else:
+                report.files_with_skipped_lines.append(SkippedFile(key, why))
+        if table.num_rows:
+            tables[kind].append(table)
+    return tables
 
 
 def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
@@ -308,7 +380,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         raise TrialTooLargeError(f"{path}: trial is {size_text(total_bytes)}, over the limit of "
                                  f"{size_text(max_bytes)}")
 
-    tables: dict[str, list] = {FRAMEWORK: [], SYSTEM: [], KINETO: []}
+    read: list[tuple[str, str, pa.Table]] = []  # (key, kind, table) of each file read with rows
     guard = _LoadGuard(path, max_bytes, max_events)
     first_copy: dict[bytes, str] = {}  # content digest -> key of the first file holding it
     fresh: dict[str, _ParsedEntry] = {}  # parses new to file_cache
@@ -332,7 +404,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
             else:
                 report.files_read += 1
                 if parsed.table is not None:
-                    tables[kind].append(parsed.table)
+                    read.append((info.key, kind, parsed.table))
             if parsed.lines_skipped and original == info.key:
                 report.lines_skipped += parsed.lines_skipped
                 report.files_with_skipped_lines.append(
@@ -349,6 +421,8 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     for cache_key, keep in fresh.items():
         file_cache[cache_key] = keep
     fresh.clear()  # its entries hold the tables: let framework_frame free each as it converts it
+    tables = _near_the_trial(read, report)
+    read.clear()  # (as fresh: framework_frame frees each table as it converts it)
     kinds = {kind for _, kind, _ in jobs}
     trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"
     kineto_nodes = sorted({node for table in tables[KINETO]

@@ -40,6 +40,7 @@ _ARG_FIELDS = [
     pa.field(fmt.ARG_PREFETCH, pa.int64()),
     pa.field(fmt.ARG_IN_ORDER, pa.bool_()),
     pa.field(fmt.ARG_CPU_US, pa.int64()),
+    pa.field(fmt.ARG_RUNQ_US, pa.int64()),
 ]
 RAW_TRACE_SCHEMA = pa.schema([
     pa.field("name", pa.string()),
@@ -161,24 +162,28 @@ def place_in_time(start_us: np.ndarray, end_us: np.ndarray, sane: np.ndarray, na
     rows = int(np.count_nonzero(sane))
     if not rows:
         return sane, 0, None
-    median = float(np.median(end_us[sane]))
-    by_name, name_note = name_time_us is not None, ""
-    if by_name:
-        low, high = name_time_us - before_us, name_time_us + after_us
-        if named_after_an_end and not low <= median <= high and bool(np.any(end_us[sane] == name_time_us)):
-            by_name = False
-            name_note = f"; its name's time, {time_text(name_time_us)}, is the end of one of the events far from it"
-    if by_name:
-        where = f"more than {duration_text(before_us)} before or {duration_text(after_us)} after"
-        source = f"the file's time ({time_text(name_time_us)}, from its name)"
-    else:
-        low, high = median - before_us, median + before_us
-        where = f"more than {duration_text(before_us)} from"
-        source = f"the file's median event time ({time_text(median)}{name_note})"
+    name_note = ""
     with np.errstate(invalid="ignore"):  # NaN times are never sane: those rows stay False
-        placed = sane & (start_us >= low) & (end_us <= high)
+        if name_time_us is not None:
+            low, high = name_time_us - before_us, name_time_us + after_us
+            placed = sane & (start_us >= low) & (end_us <= high)
+            far = rows - int(np.count_nonzero(placed))
+            if not far:  # the usual case: no median needed
+                return placed, 0, None
+            median = float(np.median(end_us[sane]))
+            if not (named_after_an_end and not low <= median <= high
+                    and bool(np.any(end_us[sane] == name_time_us))):
+                return placed, far, (f"{far} {what} more than {duration_text(before_us)} before or "
+                                     f"{duration_text(after_us)} after the file's time "
+                                     f"({time_text(name_time_us)}, from its name)")
+            name_note = (f"; its name's time, {time_text(name_time_us)}, is the end of one of the "
+                         f"events far from it")
+        else:
+            median = float(np.median(end_us[sane]))
+        placed = sane & (start_us >= median - before_us) & (end_us <= median + before_us)
     far = rows - int(np.count_nonzero(placed))
-    return placed, far, (f"{far} {what} {where} {source}" if far else None)
+    return placed, far, (f"{far} {what} more than {duration_text(before_us)} from the file's median "
+                         f"event time ({time_text(median)}{name_note})" if far else None)
 
 
 # --- line-by-line path --------------------------------------------------------------
@@ -295,6 +300,7 @@ def _raw_trace_row(event: dict) -> dict:
             fmt.ARG_PREFETCH: _as_int(args.get(fmt.ARG_PREFETCH)),
             fmt.ARG_IN_ORDER: _as_bool(args.get(fmt.ARG_IN_ORDER)),
             fmt.ARG_CPU_US: _as_int(args.get(fmt.ARG_CPU_US)),
+            fmt.ARG_RUNQ_US: _as_int(args.get(fmt.ARG_RUNQ_US)),
         },
     }
 
@@ -463,6 +469,7 @@ def trace_rows(raw: pa.Table, node: str, file_time_us: int | None = None,
         "in_order": fargs.field(fmt.ARG_IN_ORDER),
         # a negative CPU time is the collector's "not measured"
         "cpu_us": pc.if_else(pc.less(fargs.field(fmt.ARG_CPU_US), 0), None, fargs.field(fmt.ARG_CPU_US)),
+        "runq_us": pc.if_else(pc.less(fargs.field(fmt.ARG_RUNQ_US), 0), None, fargs.field(fmt.ARG_RUNQ_US)),
     }, schema=FRAMEWORK_ARROW_SCHEMA)
     return table, bad, problems, None
 

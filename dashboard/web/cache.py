@@ -34,6 +34,7 @@ from ..analysis import dataloader, diagnosis
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
 from ..trial.errors import NotATrialError
 from ..trial.load import Trial, load_trial
+from ..trial.frames import FRAMEWORK_COLUMNS, SYSTEM_COLUMNS
 from ..trial.store import fingerprint, open_store
 
 TRIALS_FOLDER = "trials"
@@ -129,8 +130,12 @@ def _process_alive(token: str) -> bool:
         return True  # it exists, but cannot be inspected
 
 
+# A trial cached with other frame columns (an older version of the reader) is another entry.
+_SCHEMA = ",".join(FRAMEWORK_COLUMNS + SYSTEM_COLUMNS)
+
+
 def trial_key(path: str, listing_fingerprint: str) -> str:
-    return hashlib.sha256(f"{path}\0{listing_fingerprint}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{path}\0{listing_fingerprint}\0{_SCHEMA}".encode()).hexdigest()[:32]
 
 
 class _Memory:
