@@ -149,7 +149,7 @@ def test_workers_recreated_every_epoch_recommend_persistent_workers(tmp_path):
     [budget] = result.budget
     assert budget.parts["startup"] == pytest.approx(3 * startup_s, abs=1e-6)
     assert budget.largest == "startup"
-    assert found.evidence["starts"] == 3 and found.evidence["num_workers"] == 2
+    assert found.evidence["starts_total"] == 3 and found.evidence["num_workers"] == 2
     assert found.evidence["startup_s"] == pytest.approx(startup_s)
     assert found.evidence["init_median_s"] == pytest.approx(init_us / 1e6)
     # Persistent workers start once: the two later starts' waits are what it saves.
@@ -157,8 +157,10 @@ def test_workers_recreated_every_epoch_recommend_persistent_workers(tmp_path):
     assert found.saving_s == pytest.approx((3 - 1) * startup_s, abs=1e-3)
     assert found.predicted["training_s"] == pytest.approx(budget.training_s - found.saving_s, abs=1e-3)
     assert "persistent_workers=True" in found.text
-    assert sorted(w["start_us"] for w in found.evidence["windows"]) == [
-        START_US + init_us + e * (init_us + first_us + 19 * steady_us + 20 * 30_000 + 100_000) for e in range(3)]
+    # Each start, from its initialization to the end of its first batch.
+    epoch_us = init_us + first_us + 19 * steady_us + 20 * 30_000 + 100_000
+    assert [(w["start_us"], w["end_us"]) for w in found.evidence["starts"]] == [
+        (START_US + e * epoch_us, START_US + e * epoch_us + init_us + first_us) for e in range(3)]
     # one finding for the one part: start-up; no worker-count advice
     assert set(items) == {"persistent_workers"}
 

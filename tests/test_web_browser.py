@@ -22,7 +22,7 @@ import dashboard
 from dashboard import synthetic
 from dashboard.web.server import SAMPLE_TRIAL, ServerOptions, create_app
 from tests.conftest import ROOT, free_port, upload_folder
-from test_web_units import costly_starts, record_kineto_trace, training_percent, with_margin
+from test_web_units import costly_starts, record_kineto_trace, shown_text, training_percent, with_margin
 
 pytestmark = pytest.mark.browser
 
@@ -451,10 +451,14 @@ def test_the_verdict_and_findings_lead_the_summary_and_show_their_evidence(dash_
     assert float(percent) == pytest.approx(training_percent(written), abs=0.06)
     assert result.verdict.basis in text(dash_duo, "verdict")
     # The findings, in the analysis's order, each with its text and saving.
-    assert shown_findings(dash_duo) == [r.id for r in result.recommendations] == ["persistent_workers", "startup"]
+    # One finding for the one cause: start-up, from workers re-created every epoch.
+    assert shown_findings(dash_duo) == [r.id for r in result.recommendations] == ["persistent_workers"]
     items = dash_duo.find_elements("#recommendations .recommendation")
     for item, finding in zip(items, result.recommendations):
-        assert finding.text.replace("`", "") in " ".join(item.text.split())
+        shown = " ".join(item.text.split())
+        assert shown_text(finding, result.assessment).replace("`", "") in shown
+        if finding.predicted is not None:  # the prediction on a line of its own
+            assert f"→ {100 * finding.predicted['wait_fraction']:.1f} % of training" in shown
         if finding.saving_s is None:
             assert "saves about" not in item.text
         else:
@@ -462,16 +466,16 @@ def test_the_verdict_and_findings_lead_the_summary_and_show_their_evidence(dash_
     # First on the page: the verdict and the findings come before what was read.
     summary = text(dash_duo, "summary")
     assert summary.index("highly") < summary.index("Workers are re-created") < summary.index(str(tmp_path / "trial"))
-    # "show" moves the window to the evidence: the second epoch's slow first batch, then the
-    # third worker start (from its initialization to the end of its first batch).
+    # "show" moves the window to the evidence: the second, then the third worker start (from
+    # its initialization to the end of its first batch).
     firsts = [min((g for g in written.of_kind("getnext") if g.epoch == e), key=lambda g: g.start_us)
               for e in range(3)]
     inits = sorted(written.of_kind("init"), key=lambda e: e.start_us)
     driver = dash_duo.driver
-    for finding, index, want in (("startup", 1, with_margin(firsts[1].start_us, firsts[1].end_us)),
+    for finding, index, want in (("persistent_workers", 1, with_margin(inits[1].start_us, firsts[1].end_us)),
                                  ("persistent_workers", 2, with_margin(inits[2].start_us, firsts[2].end_us))):
         button = dash_duo.find_elements(f"#recommendations .recommendation[data-id='{finding}'] "
-                                        f"button.show-window")[index]
+                                        f"button.show-window:not(.try-what-if)")[index]
         assert button.text == "show"
         scroll_to(driver, button)
         button.click()

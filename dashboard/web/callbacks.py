@@ -18,10 +18,11 @@ from urllib.parse import parse_qs
 
 from dash import ALL, Input, Output, State, ctx, no_update
 
+from ..analysis.diagnosis import parse_what_if
 from ..trial.errors import TrialError
 from . import views
 from .cache import TrialCache
-from .layout import OUTLIER_TABLES, Ids, summary_component
+from .layout import OUTLIER_TABLES, Ids, summary_parts, what_if_lines
 
 log = logging.getLogger("dashboard.web")
 
@@ -70,6 +71,10 @@ def _query(search: str | None) -> dict:
 
 # Every finding's "show" buttons (their ids carry the window to show).
 SHOW_WINDOW_BUTTONS = {"type": Ids.SHOW_WINDOW, "index": ALL, "start_us": ALL, "end_us": ALL}
+# Every finding's "try in what-if" buttons (their ids carry the change and its loader).
+TRY_WHAT_IF_BUTTONS = {"type": Ids.TRY_WHAT_IF, "index": ALL, "change": ALL, "loader": ALL}
+# The what-if's fields, in the order of views.WHAT_IF_KEYS.
+WHAT_IF_FIELDS = [Ids.WHAT_IF_WORKERS, Ids.WHAT_IF_PREFETCH, Ids.WHAT_IF_IN_ORDER, Ids.WHAT_IF_PERSISTENT]
 
 
 def _shown_window(trigger, clicks) -> tuple[int, int] | None:
@@ -145,7 +150,11 @@ def register_callbacks(app, context: Context) -> None:
                 "from_cache": cached, "loaded": views.now_iso(), "nonce": request.get("nonce")}, ""
 
     panel_outputs = [
-        Output(Ids.SUMMARY, "children"), Output(Ids.NODE, "options"), Output(Ids.NODE, "value"),
+        Output(Ids.SUMMARY_VERDICT, "children"), Output(Ids.SUMMARY_FINDINGS, "children"),
+        Output(Ids.SUMMARY_FACTS, "children"), Output(Ids.BUDGET_GRAPH, "figure"), Output(Ids.BUDGET_NOTE, "children"),
+        Output(Ids.BUDGET, "className"), Output(Ids.WHAT_IF, "className"), Output(Ids.WHAT_IF_LOADER, "options"),
+        Output(Ids.WHAT_IF_LOADER, "value"), Output(Ids.WHAT_IF_LOADER_WRAP, "className"),
+        Output(Ids.NODE, "options"), Output(Ids.NODE, "value"),
         Output(Ids.INIT_COUNT, "children"), Output(Ids.INIT_MEDIAN, "children"), Output(Ids.INIT_MAX, "children"),
         Output(Ids.INIT_ITERATORS, "rowData"), Output(Ids.INIT_GRAPH, "figure"),
         Output(Ids.INIT_OUTLIER_COUNT, "children"), Output(Ids.INIT_OUTLIERS, "rowData"),
@@ -181,14 +190,19 @@ def register_callbacks(app, context: Context) -> None:
             view = get_view(context, store["key"], node)
             p = context.cache.memo(f"panels:{store['key']}:{node}", lambda: views.panels(view))
             verdict = context.cache.memo(f"verdict:{store['key']}:{node}", lambda: views.verdict_summary(view))
+            budget = context.cache.memo(f"budget:{store['key']}:{node}", lambda: views.budget_view(view))
             summary = context.cache.memo(f"summary:{store['key']}", lambda: views.summary(whole))
         except TrialEvicted:
             return [no_update] * (len(panel_outputs) - 1) + [EVICTED]
         except Exception as exc:  # noqa: BLE001
             return [no_update] * (len(panel_outputs) - 1) + [_unexpected("Showing the trial", exc)]
         init, workers, getnext, batch = p["init"], p["workers"], p["getnext"], p["batchtime"]
+        parts = summary_parts(summary, verdict)
         return [
-            summary_component(summary, verdict), options, node,
+            parts["verdict"], parts["findings"], parts["facts"], budget["figure"], budget["note"], "budget",
+            "what-if" if budget["rows"] else "what-if hidden", budget["loader_options"], "",
+            "what-if-loader" if budget["several_loaders"] else "what-if-loader hidden",
+            options, node,
             init["count"], init["median_us"], init["max_us"], init["iterators"], init["figure"],
             init["outlier_count"], init["outliers"], init["note"], workers["note"],
             workers["count"], workers["median_us"], workers["max_us"], workers["figure"],
@@ -204,9 +218,10 @@ def register_callbacks(app, context: Context) -> None:
                   Input(Ids.TRIAL_STORE, "data"), Input(Ids.OVERVIEW, "relayoutData"),
                   Input(Ids.WINDOW_GRAPH, "relayoutData"), Input(Ids.WHOLE_JOB, "n_clicks"),
                   *[Input(t, "selectedRows") for t in OUTLIER_TABLES], Input(SHOW_WINDOW_BUTTONS, "n_clicks"),
-                  State(Ids.WINDOW_STORE, "data"), prevent_initial_call=True)
+                  Input(Ids.BUDGET_GRAPH, "clickData"), State(Ids.WINDOW_STORE, "data"), prevent_initial_call=True)
     def set_window(store, overview_relayout, window_relayout, _whole, *rest):
-        selections, current = rest[:len(OUTLIER_TABLES)], rest[-1]  # then the "show" buttons' clicks
+        # The tables' selections, the "show" buttons' clicks, a click on the budget, the window.
+        selections, budget_click, current = rest[:len(OUTLIER_TABLES)], rest[-2], rest[-1]
         if not store or not store.get("key") or store.get("start_us") is None:
             return no_update
         span = (int(store["start_us"]), int(store["end_us"]))
@@ -233,6 +248,8 @@ def register_callbacks(app, context: Context) -> None:
                     chosen = views.outlier_window(int(row["start_us"]), int(row["end_us"]))
             elif isinstance(trigger, dict) and trigger.get("type") == Ids.SHOW_WINDOW:
                 chosen = _shown_window(trigger, ctx.triggered[0]["value"] if ctx.triggered else None)
+            elif trigger == Ids.BUDGET_GRAPH:
+                chosen = views.budget_click_window(budget_click)  # None: a part without a window
         except Exception as exc:  # noqa: BLE001 - a bad event never breaks the page
             _unexpected("Setting the window", exc)
             return no_update
@@ -266,6 +283,39 @@ def register_callbacks(app, context: Context) -> None:
         except Exception as exc:  # noqa: BLE001
             return no_update, no_update, no_update, _unexpected("Drawing the window", exc)
         return payload["window_figure"], payload["overview_figure"], payload["window_range"], ""
+
+    @app.callback(Output(Ids.WHAT_IF_GRAPH, "figure"), Output(Ids.WHAT_IF_RESULT, "children"),
+                  Output(Ids.WHAT_IF_ERROR, "children"),
+                  *[Input(field, "value") for field in WHAT_IF_FIELDS], Input(Ids.WHAT_IF_LOADER, "value"),
+                  Input(Ids.TRIAL_STORE, "data"), Input(Ids.NODE, "value"), prevent_initial_call=True)
+    def what_if(workers, prefetch, in_order, persistent, loader, store, node):
+        if not store or not store.get("key"):
+            return no_update, no_update, no_update
+        change = views.what_if_change(workers, prefetch, in_order, persistent)
+        try:
+            view = get_view(context, store["key"], node)
+            try:
+                shown, message = views.what_if_view(view, change, loader), ""
+            except ValueError as exc:  # a bad setting: the library's words; today's bars only
+                shown, message = views.what_if_view(view, {}, loader), str(exc)
+        except TrialEvicted:
+            return no_update, no_update, EVICTED
+        except Exception as exc:  # noqa: BLE001
+            return no_update, no_update, _unexpected("The what-if", exc)
+        return shown["figure"], what_if_lines(shown), message
+
+    @app.callback(*[Output(field, "value", allow_duplicate=True) for field in WHAT_IF_FIELDS],
+                  Output(Ids.WHAT_IF_LOADER, "value", allow_duplicate=True),
+                  Input(TRY_WHAT_IF_BUTTONS, "n_clicks"), prevent_initial_call=True)
+    def try_what_if(_clicks):
+        trigger = ctx.triggered_id
+        if not isinstance(trigger, dict) or not (ctx.triggered and ctx.triggered[0]["value"]):
+            return [no_update] * (len(WHAT_IF_FIELDS) + 1)  # buttons drawn, not clicked
+        try:
+            fields = views.what_if_inputs(parse_what_if(trigger.get("change", "")))
+        except ValueError:
+            return [no_update] * (len(WHAT_IF_FIELDS) + 1)
+        return [fields[key] for key in views.WHAT_IF_KEYS] + [trigger.get("loader", "")]
 
     # The URL follows the state without reloading or adding history entries, so a copied
     # link opens the same trial, node and window.
@@ -302,12 +352,17 @@ def register_callbacks(app, context: Context) -> None:
         """
         function() {
             const triggered = window.dash_clientside.callback_context.triggered || [];
-            if (triggered.some((t) => Array.isArray(t.value) ? t.value.length : t.value)) {
+            // A click on the budget shows a window only where its part has one (customdata[2]).
+            const shows = (t) => t.prop_id.startsWith('%s.') ?
+                Boolean(t.value && t.value.points && t.value.points.length && t.value.points[0].customdata &&
+                        t.value.points[0].customdata[2] != null) :
+                (Array.isArray(t.value) ? t.value.length : t.value);
+            if (triggered.some(shows)) {
                 const el = document.getElementById('%s');
                 if (el) { el.scrollIntoView({block: 'start'}); }
             }
             return window.dash_clientside.no_update;
         }
-        """ % Ids.TIMELINE,
+        """ % (Ids.BUDGET_GRAPH, Ids.TIMELINE),
         Output(Ids.TIMELINE, "title"), *[Input(t, "selectedRows") for t in OUTLIER_TABLES],
-        Input(SHOW_WINDOW_BUTTONS, "n_clicks"), prevent_initial_call=True)
+        Input(SHOW_WINDOW_BUTTONS, "n_clicks"), Input(Ids.BUDGET_GRAPH, "clickData"), prevent_initial_call=True)

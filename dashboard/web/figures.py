@@ -615,3 +615,169 @@ def batchtime_figure(batch: BatchTimeResult) -> go.Figure:
     fig.update_xaxes(type="date")
     fig.update_yaxes(title={"text": "BatchTime (s)"}, rangemode="tozero")
     return _layout(fig, 280)
+
+
+# --- the wait budget and the what-if ------------------------------------------------------------
+
+# One colour per part of the wait, the same wherever a part is drawn: the Okabe-Ito palette,
+# which readers with any common colour-vision deficiency tell apart. "residual" (what the
+# model does not explain) is a hatched grey: shown, never hidden, and not mistaken for a cause.
+PART_COLORS = {"startup": "#E69F00", "throughput": "#0072B2", "imbalance": "#CC79A7", "tail": "#D55E00",
+               "main_process": "#009E73", "residual": "#8C8C8C"}
+PART_PATTERNS = {"residual": "/"}
+NOT_WAITING = "not waiting (computing)"
+NOT_WAITING_COLOR = "#E5E7EB"
+WAIT_NOW_COLOR = "#4B5563"
+WAIT_PREDICTED_COLOR = "#56B4E9"  # Okabe-Ito sky blue: no part of the budget uses it
+BUDGET_ROW_PX = 46
+BUDGET_COMPACT_ROW_PX = 34  # with many loaders
+BAR_TEXT_MIN_SHARE = 0.07  # a segment this share of its bar, or more, carries its seconds
+WHAT_IF_LEFT_PX = 70
+CLICK_HINT = "<br><i>click: show its longest wait on the timeline</i>"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if abs(value) >= 0.995 or value == 0 else f"{value * 1e3:.0f} ms"
+
+
+def _bar_text_color(hex_color: str) -> str:
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return "#111827" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "white"
+
+
+def budget_key(part_names: dict) -> list[tuple[str, str, str]]:
+    """The budget's key: (part or "not_waiting", its words, its CSS background), in the bars' order."""
+    out = []
+    for part, color in PART_COLORS.items():
+        if part in PART_PATTERNS:  # the hatch, as CSS draws it
+            color = f"repeating-linear-gradient(135deg, {color} 0 3px, #ffffff 3px 5px)"
+        name = part_names.get(part, part)
+        out.append((part, f"{name} (residual)" if part == "residual" else name, color))
+    out.append(("not_waiting", NOT_WAITING, NOT_WAITING_COLOR))
+    return out
+
+
+def budget_figure_spec(rows: list[dict], part_names: dict) -> dict:
+    """One horizontal bar per training loader: its training time, the waiting in it split
+    into the budget's parts (seconds; hover adds the share of training), the rest not
+    waiting. A click on a part names that part's window in the point's customdata
+    (start_us, end_us at [2] and [3]; null for a part without one).
+
+    rows: views.budget_rows(); part_names: the parts' words (report.PART_WORDS)."""
+    if not rows:
+        return empty_figure_spec("No training loader: nothing to split", height=110)
+    n = len(rows)
+    row_px = BUDGET_ROW_PX if n <= 6 else BUDGET_COMPACT_ROW_PX
+    y = list(range(n))
+    data = []
+    for part in list(PART_COLORS) + [None]:
+        name = plain(part_names.get(part, part)) if part else NOT_WAITING
+        color = PART_COLORS[part] if part else NOT_WAITING_COLOR
+        x, custom, text = [], [], []
+        for row in rows:
+            training = row["training_s"]
+            seconds = row["parts"][part] if part else max(training - row["wait_s"], 0.0)
+            window = row["windows"].get(part) if part else None
+            share = seconds / training if training > 0 else 0.0
+            x.append(seconds)
+            custom.append([seconds, 100.0 * share, window["start_us"] if window else None,
+                           window["end_us"] if window else None, CLICK_HINT if window else "",
+                           plain(row["label"])])
+            text.append(_seconds(seconds) if part and share >= BAR_TEXT_MIN_SHARE else "")
+        label = f"{name} (residual)" if part == "residual" else name
+        data.append({
+            "type": "bar", "orientation": "h", "x": x, "y": y, "name": label, "width": 0.5,
+            "customdata": custom, "text": text, "textposition": "inside", "insidetextanchor": "middle",
+            "textfont": {"color": _bar_text_color(color), "size": 11}, "cliponaxis": False,
+            "marker": {"color": color, "line": {"width": 0.5 if part else 1, "color": "white" if part else "#D1D5DB"},
+                       **({"pattern": {"shape": PART_PATTERNS[part], "fgcolor": "#FFFFFF", "size": 6}}
+                          if part in PART_PATTERNS else {})},
+            "meta": part or "not_waiting",
+            "hovertemplate": "%{customdata[5]}<br><b>" + label + "</b>: %{customdata[0]:.3f} s, "
+                             "%{customdata[1]:.1f} % of training time%{customdata[4]}<extra></extra>",
+        })
+    annotations = []
+    for i, row in enumerate(rows):
+        training, wait = row["training_s"], row["wait_s"]
+        share = 100.0 * wait / training if training > 0 else 0.0
+        residual = row["parts"]["residual"]
+        annotations += [
+            {"text": f"<b>{plain(row['loader'])}</b> on {plain(row['node'])}", "x": 0, "xref": "paper",
+             "xanchor": "left", "y": i - 0.27, "yanchor": "bottom", "showarrow": False,
+             "font": {"size": 12, "color": "#1f2937"}},
+            {"text": f"waits {_seconds(wait)} of {_seconds(training)} (<b>{share:.1f} %</b>)"
+                     f" · unexplained {_seconds(residual)}",
+             "x": 1, "xref": "paper", "xanchor": "right", "y": i - 0.27, "yanchor": "bottom", "showarrow": False,
+             "font": {"size": 11, "color": "#4b5563"}}]
+    # The key is the page's (budget_key): it wraps where the block is narrow, a plotly legend does not.
+    top, axis_px = 4, 26
+    layout = {
+        "template": TEMPLATE, "height": top + int(row_px * (n + 0.32)) + axis_px, "barmode": "relative",
+        "bargap": 0, "margin": {"l": 8, "r": 8, "t": top, "b": axis_px}, "hovermode": "closest",
+        "dragmode": False, "showlegend": False, "annotations": annotations, "hoverlabel": {"align": "left"},
+        "uniformtext": {"minsize": 9, "mode": "hide"},
+        "xaxis": {"rangemode": "tozero", "fixedrange": True, "ticksuffix": " s", "automargin": False},
+        "yaxis": {"range": [n - 0.5, -0.82], "visible": False, "fixedrange": True},
+    }
+    return {"data": data, "layout": layout}
+
+
+def what_if_figure_spec(rows: list[dict]) -> dict:
+    """Per loader, today's bar and the predicted one: the training time, the waiting in it
+    (seconds; the share of training as text and on hover).
+
+    rows: views.what_if_view()["rows"]: label, now {wait_s, training_s, wait_fraction},
+    predicted (the same, or None) and note."""
+    if not rows:
+        return empty_figure_spec("No training loader to predict", height=110)
+    y, wait, rest, colors, custom, texts, ticks = [], [], [], [], [], [], []
+    annotations = []
+    widest = max(max(r["now"]["training_s"], (r["predicted"] or {}).get("training_s", 0.0)) for r in rows)
+    for i, row in enumerate(rows):
+        base = 3 * i
+        # The loader's name from the figure's left edge (over the tick labels' margin).
+        annotations.append({"text": plain(row["label"]), "x": 0, "xref": "paper", "xanchor": "left",
+                            "xshift": -WHAT_IF_LEFT_PX + 4, "y": base - 0.62, "yanchor": "bottom",
+                            "showarrow": False, "font": {"size": 11, "color": "#1f2937"}})
+        for offset, name, values, color in ((0, "today", row["now"], WAIT_NOW_COLOR),
+                                            (1, "predicted", row["predicted"], WAIT_PREDICTED_COLOR)):
+            ticks.append((base + offset, name))
+            if values is None:
+                if offset == 1:
+                    # The reason is in the lines under the figure, where it can wrap.
+                    annotations.append({"text": "no prediction for this loader", "x": 0, "xref": "x",
+                                        "xanchor": "left", "y": base + offset, "showarrow": False,
+                                        "font": {"size": 11, "color": "#6b7280"}})
+                continue
+            training = values["training_s"]
+            seconds = values["wait_s"]
+            percent = 100.0 * values["wait_fraction"]
+            y.append(base + offset)
+            wait.append(seconds)
+            rest.append(max(training - seconds, 0.0))
+            colors.append(color)
+            custom.append([seconds, percent, training, name, plain(row["label"])])
+            texts.append(f"{percent:.1f} % · {_seconds(training)}")
+    hover = ("%{customdata[4]}<br><b>%{customdata[3]}</b>: waits %{customdata[0]:.3f} s, "
+             "%{customdata[1]:.1f} % of %{customdata[2]:.3f} s of training<extra></extra>")
+    data = [
+        {"type": "bar", "orientation": "h", "x": wait, "y": y, "name": "waiting for data", "width": 0.72,
+         "marker": {"color": colors, "line": {"width": 0}}, "customdata": custom, "hovertemplate": hover,
+         "meta": "wait"},
+        {"type": "bar", "orientation": "h", "x": rest, "y": y, "name": NOT_WAITING, "width": 0.72,
+         "marker": {"color": NOT_WAITING_COLOR, "line": {"width": 1, "color": "#D1D5DB"}}, "customdata": custom,
+         "hovertemplate": hover, "text": texts, "textposition": "outside", "cliponaxis": False,
+         "textfont": {"size": 11, "color": "#1f2937"}, "meta": "rest"},
+    ]
+    n_ticks = 3 * len(rows) - 1
+    layout = {
+        "template": TEMPLATE, "height": 44 + 18 * (n_ticks + 1) + 10 * len(rows), "barmode": "stack",
+        "bargap": 0, "showlegend": False, "dragmode": False, "hovermode": "closest", "hoverlabel": {"align": "left"},
+        "margin": {"l": WHAT_IF_LEFT_PX, "r": 12, "t": 8, "b": 34}, "annotations": annotations,
+        "xaxis": {"range": [0, widest * 1.38 if widest > 0 else 1], "fixedrange": True, "ticksuffix": " s",
+                  "title": {"text": "training time; filled: waiting for data", "font": {"size": 11},
+                            "standoff": 2}},
+        "yaxis": {"range": [n_ticks + 0.5, -1.05], "tickvals": [t[0] for t in ticks],
+                  "ticktext": [t[1] for t in ticks], "fixedrange": True, "showgrid": False},
+    }
+    return {"data": data, "layout": layout}

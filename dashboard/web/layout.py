@@ -5,7 +5,7 @@ import dash_ag_grid as dag
 from dash import dcc, html
 
 from . import figures
-from ..report import CLASS_WORDS
+from ..report import CLASS_WORDS, PART_WORDS
 from .views import duration_text
 
 
@@ -27,7 +27,27 @@ class Ids:
     STATUS = "load-status"
     ERROR = "error-message"  # stable
 
-    SUMMARY = "summary"
+    SUMMARY = "summary"  # stable: the verdict, the wait budget, the findings, the what-if, what was read
+    SUMMARY_VERDICT = "summary-verdict"
+    SUMMARY_FINDINGS = "summary-findings"
+    SUMMARY_FACTS = "summary-facts"
+    # The wait budget: one bar per training loader, a click on a part shows its window.
+    BUDGET = "budget"
+    BUDGET_GRAPH = "budget-graph"  # stable: traces' meta name their part (views.PARTS), rows the loaders
+    BUDGET_NOTE = "budget-note"
+    # The what-if: settings in (empty: unchanged), today's and the predicted wait out.
+    WHAT_IF = "what-if"
+    WHAT_IF_WORKERS = "what-if-num-workers"  # stable
+    WHAT_IF_PREFETCH = "what-if-prefetch-factor"  # stable
+    WHAT_IF_IN_ORDER = "what-if-in-order"  # stable: "" (unchanged), "true", "false"
+    WHAT_IF_PERSISTENT = "what-if-persistent-workers"  # stable: as in_order
+    WHAT_IF_LOADER = "what-if-loader"  # "" (all) or views.loader_key()
+    WHAT_IF_LOADER_WRAP = "what-if-loader-wrap"
+    WHAT_IF_ERROR = "what-if-error"  # stable: the library's message for a bad setting
+    WHAT_IF_GRAPH = "what-if-graph"  # stable
+    WHAT_IF_RESULT = "what-if-result"  # stable: one line per loader, each .what-if-line[data-key]
+    # A finding's "try" button: {"type": TRY_WHAT_IF, "index": "<finding>", "change": "k=v,...", "loader"}
+    TRY_WHAT_IF = "try-what-if"
     # Inside the summary once a trial is shown:
     VERDICT = "verdict"
     VERDICT_CLASS = "verdict-class"  # stable: highly | moderately | not | none
@@ -230,18 +250,92 @@ def build_layout(default_trial: str) -> html.Div:
         dcc.Store(id=Ids.OVERVIEW_DRAGMODE),
         header,
         html.Main(children=[
-            html.Section(className="panel summary", children=[html.H2("Summary"),
-                                                              html.Div(id=Ids.SUMMARY, children=html.P(
-                                                                  "No trial loaded yet.", className="hint"))]),
+            html.Section(className="panel summary", children=[html.H2("Summary"), summary_skeleton()]),
             html.Div(className="grid", children=[init_panel, workers_panel, getnext_panel, batch_panel]),
             timeline,
         ]),
     ])
 
 
-def summary_component(data: dict, verdict: dict) -> html.Div:
-    """The summary panel's body: the verdict and the findings first (views.verdict_summary()),
-    then what was read (views.summary())."""
+_UNCHANGED = [{"label": "unchanged", "value": ""}, {"label": "True", "value": "true"},
+              {"label": "False", "value": "false"}]
+
+
+def _setting(label: str, control, title: str) -> html.Label:
+    return html.Label(className="what-if-setting", title=title, children=[html.Code(label), control])
+
+
+def _number(id_: str, placeholder: str) -> dcc.Input:
+    # step "any": the browser passes whatever number is typed; the library says what is wrong with it.
+    return dcc.Input(id=id_, type="number", step="any", placeholder=placeholder, debounce=False,
+                     className="what-if-number", autoComplete="off")
+
+
+def _choice(id_: str) -> dcc.Dropdown:
+    return dcc.Dropdown(id=id_, options=_UNCHANGED, value="", clearable=False, searchable=False,
+                        className="what-if-choice")
+
+
+def budget_block() -> html.Div:
+    """Where the wait went: one stacked bar per training loader (figures.budget_figure_spec)."""
+    return html.Div(id=Ids.BUDGET, className="budget hidden", children=[
+        html.H3("Where the wait went", className="summary-heading"),
+        html.P("Each bar is a training loader's training time; the coloured parts are its waiting for "
+               "data, by cause (seconds; hover for the share of training). Click a part to see its "
+               "longest wait on the timeline.", className="hint"),
+        html.P(id=Ids.BUDGET_NOTE, className="hint budget-note"),
+        html.Div(className="budget-key", children=[
+            html.Span(className="budget-key-item", **{"data-part": part}, children=[
+                html.Span(className="swatch", style={"background": background}), words])
+            for part, words, background in figures.budget_key(PART_WORDS)]),
+        _graph(Ids.BUDGET_GRAPH, figures.empty_figure_spec("No trial loaded yet", height=110),
+               displayModeBar=False)])
+
+
+def what_if_block() -> html.Div:
+    """Settings in, predicted wait out (the callback calls Assessment.predict)."""
+    return html.Div(id=Ids.WHAT_IF, className="what-if hidden", children=[
+        html.H3("What if", className="summary-heading"),
+        html.P("Change DataLoader settings: the pipeline model replays the trial with them. "
+               "Empty fields stay as they are.", className="hint"),
+        html.Div(className="what-if-settings", children=[
+            _setting("num_workers", _number(Ids.WHAT_IF_WORKERS, "unchanged"), "worker processes (0: none)"),
+            _setting("prefetch_factor", _number(Ids.WHAT_IF_PREFETCH, "unchanged"),
+                     "batches each worker prepares ahead"),
+            _setting("in_order", _choice(Ids.WHAT_IF_IN_ORDER), "deliver batches in sampler order"),
+            _setting("persistent_workers", _choice(Ids.WHAT_IF_PERSISTENT), "keep the workers between epochs"),
+        ]),
+        html.Div(id=Ids.WHAT_IF_LOADER_WRAP, className="what-if-loader hidden", children=[
+            html.Label("loader", htmlFor=Ids.WHAT_IF_LOADER),
+            dcc.Dropdown(id=Ids.WHAT_IF_LOADER, options=[{"label": "all loaders", "value": ""}], value="",
+                         clearable=False, searchable=False, className="what-if-choice")]),
+        html.Div(id=Ids.WHAT_IF_ERROR, role="alert", className="error"),
+        _graph(Ids.WHAT_IF_GRAPH, figures.empty_figure_spec("No trial loaded yet", height=110),
+               displayModeBar=False),
+        html.Div(id=Ids.WHAT_IF_RESULT, className="what-if-result")])
+
+
+def summary_skeleton() -> html.Div:
+    """The summary's places: the verdict, the wait budget and the findings, beside them the
+    what-if and what was read. The callbacks fill them (summary_parts); the budget and the
+    what-if are fixed components, so their callbacks exist before a trial is shown."""
+    return html.Div(id=Ids.SUMMARY, className="summary-body", children=[
+        html.Div(className="summary-main", children=[
+            html.Div(id=Ids.SUMMARY_VERDICT, children=html.P("No trial loaded yet.", className="hint")),
+            budget_block(),
+            html.Div(id=Ids.SUMMARY_FINDINGS)]),
+        html.Div(className="summary-side", children=[what_if_block(), html.Div(id=Ids.SUMMARY_FACTS)])])
+
+
+def summary_parts(data: dict, verdict: dict) -> dict:
+    """The summary's filled places: "verdict", "findings" (views.verdict_summary()) and
+    "facts", what was read (views.summary())."""
+    return {"verdict": verdict_component(verdict), "findings": findings_component(verdict),
+            "facts": facts_component(data)}
+
+
+def facts_component(data: dict) -> list:
+    """What was read: the trial, its span, nodes, events and files (skipped ones listed)."""
     skipped = data["files_skipped"]
     with_lines = data["files_with_skipped_lines"]
     items = [("Trial", data["path"]), ("Start", data["start"]), ("End", data["end"]),
@@ -258,7 +352,7 @@ def summary_component(data: dict, verdict: dict) -> html.Div:
             html.Summary(f"Why: {len(skipped)} file(s) skipped, {len(with_lines)} file(s) with skipped lines"),
             html.Ul([html.Li([html.Code(s["path"]), ": ", s["reason"]]) for s in (skipped + with_lines)[:200]]),
         ]))
-    return html.Div(verdict_component(verdict) + [html.Div(className="summary-facts", children=facts)])
+    return [html.Div(className="summary-facts", children=facts)]
 
 
 def _code_text(text: str) -> list:
@@ -288,6 +382,15 @@ def _finding(number: int, item: dict) -> html.Li:
     if item["saving"]:
         head.append(html.Span(item["saving"], className="saving"))
     children = [html.Div(head, className="finding-head"), html.P(_code_text(item["text"]), className="finding-text")]
+    predicted = item.get("predicted")
+    if predicted:
+        children.append(html.Div(className="finding-predicted", children=[
+            html.Span("Predicted", className="predicted-label"),
+            " with ", html.Code(predicted["change"]), ": ", html.Span(predicted["text"], className="predicted-text"),
+            html.Button("try in what-if", n_clicks=0, className="show-window try-what-if",
+                        title="Put these settings in the what-if",
+                        id={"type": Ids.TRY_WHAT_IF, "index": item["id"], "change": predicted["change"],
+                            "loader": predicted["loader"]})]))
     windows = item["windows"]
     if windows:
         children.append(html.Div(className="finding-windows", children=[
@@ -302,7 +405,7 @@ def _finding(number: int, item: dict) -> html.Li:
 
 
 def verdict_component(verdict: dict) -> list:
-    """The verdict badge, the per-node verdicts and the findings, in that order."""
+    """The verdict badge, the per-node verdicts and what was not recorded."""
     title = "Verdict" + (f" for {verdict['node']}" if verdict["node"] else "")
     children = [html.H3(title, className="summary-heading"),
                 _verdict_badge(verdict["class"], verdict["percent"]),
@@ -316,10 +419,29 @@ def verdict_component(verdict: dict) -> list:
                         for row in verdict["nodes"]])]))
     if verdict["not_recorded"]:
         children.append(html.P(verdict["not_recorded"], id=Ids.NOT_RECORDED, className="not-recorded-note"))
-    findings = verdict["findings"]
-    children.append(html.H3(["Findings ", html.Span(str(len(findings)), className="badge count")],
-                            className="summary-heading"))
-    children.append(html.Div(id=Ids.RECOMMENDATIONS, className="recommendations", children=(
-        html.Ol([_finding(n, item) for n, item in enumerate(findings, 1)], className="findings")
-        if findings else html.P("No findings: nothing to change in the input pipeline.", className="no-findings"))))
     return [html.Div(id=Ids.VERDICT, className="verdict", children=children)]
+
+
+def findings_component(verdict: dict) -> list:
+    """The findings, each with its saving, predicted effect and windows on the timeline."""
+    findings = verdict["findings"]
+    return [html.H3(["Findings ", html.Span(str(len(findings)), className="badge count")],
+                    className="summary-heading"),
+            html.Div(id=Ids.RECOMMENDATIONS, className="recommendations", children=(
+                html.Ol([_finding(n, item) for n, item in enumerate(findings, 1)], className="findings")
+                if findings else html.P("No findings: nothing to change in the input pipeline.",
+                                        className="no-findings")))]
+
+
+def what_if_lines(shown: dict) -> list:
+    """The what-if's result in words, one line per loader (views.what_if_view())."""
+    if not shown["change"]:
+        return [html.P("Type a setting to see its predicted effect.", className="hint")]
+    lines = []
+    for row in shown["rows"]:
+        words = row["text"] or "no prediction"
+        lines.append(html.Li(className="what-if-line", **{"data-key": row["key"]}, children=[
+            html.Span(row["label"], className="what-if-loader-name"), ": ", words,
+            *([html.Span(f"; {row['note']}", className="hint")] if row["note"] and row["predicted"] else [])]))
+    return [html.P(["With ", html.Code(shown["change"]), ":"], className="what-if-change"),
+            html.Ul(lines, className="what-if-lines")]

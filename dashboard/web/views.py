@@ -16,9 +16,10 @@ import pandas as pd
 
 from ..analysis import dataloader
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
-from ..analysis.diagnosis import Assessment, Recommendation
+from ..analysis.diagnosis import PARTS, Assessment, LoaderBudget, Recommendation, WhatIf
+from ..analysis.diagnosis.findings.base import predicted_text
 from ..api import TrialAnalysis
-from ..report import NOT_RECORDED_WORDS, iso_utc, not_recorded_anywhere
+from ..report import NOT_RECORDED_WORDS, PART_WORDS, iso_utc, not_recorded_anywhere
 from ..trial.errors import TrialError, TrialTooLargeError
 from ..trial.load import Trial, host_of
 from . import figures
@@ -417,10 +418,186 @@ def verdict_summary(view: TrialView) -> dict:
         "node": view.analysis.node or "",
         "nodes": [{"node": node, "class": v.class_ or "none", "percent": _percent(v.input_percent),
                    "basis": v.basis} for node, v in nodes.items()] if len(nodes) > 1 else [],
-        "findings": [{"id": item.id, "text": item.text, "saving": saving_text(item.saving_s),
-                      "windows": finding_windows(item)} for item in assessment.recommendations],
+        "findings": [_finding(item, assessment) for item in assessment.recommendations],
         "not_recorded": not_recorded_text(view.trial),
     }
+
+
+def change_text(change: dict | None) -> str:
+    """A DataLoader change as its arguments: 'num_workers=4, persistent_workers=True'."""
+    return ", ".join(f"{key}={value}" for key, value in (change or {}).items())
+
+
+def _finding_what_if(item: Recommendation, assessment: Assessment) -> WhatIf | None:
+    """The what-if a finding's prediction came from (its loader's numbers today and with it)."""
+    if item.predicted is None:
+        return None
+    for result in assessment.what_if:
+        if (result.node == item.evidence.get("node") and result.change == item.change
+                and result.predicted == item.predicted):
+            return result
+    return None
+
+
+def prediction_text(now: dict | None, then: dict) -> str:
+    """'waiting 81.6 % → 74.0 % of training, training 18.98 s → 13.44 s' (without today's
+    numbers when they are not known)."""
+    if now is None:
+        return f"waiting {100 * then['wait_fraction']:.1f} % of training, training {then['training_s']:.2f} s"
+    return (f"waiting {100 * now['wait_fraction']:.1f} % → {100 * then['wait_fraction']:.1f} % of training, "
+            f"training {now['training_s']:.2f} s → {then['training_s']:.2f} s")
+
+
+def _finding(item: Recommendation, assessment: Assessment) -> dict:
+    """A finding as the summary lists it: its text, saving, predicted effect and windows.
+
+    The predicted effect gets a line of its own, so the text drops the sentence that
+    repeats it."""
+    result = _finding_what_if(item, assessment)
+    text = item.text
+    predicted = None
+    if item.predicted is not None:
+        sentence = predicted_text(result) if result is not None else ""
+        if sentence and sentence in text:
+            text = text.replace(sentence, "", 1).rstrip()
+        predicted = {"change": change_text(item.change),
+                     "text": prediction_text(result.now if result is not None else None, item.predicted),
+                     "loader": loader_key(result.node, result.loader) if result is not None else ""}
+    return {"id": item.id, "text": text, "saving": saving_text(item.saving_s), "predicted": predicted,
+            "windows": finding_windows(item)}
+
+
+# --- the wait budget and the what-if ----------------------------------------------------------
+
+WHAT_IF_KEYS = ("num_workers", "prefetch_factor", "in_order", "persistent_workers")
+# Where a click on a budget bar finds its window: customdata[2], customdata[3] (epoch us).
+BUDGET_WINDOW_AT = (2, 3)
+MAX_BUDGET_ROWS = 24  # loaders drawn at most (those waiting most): a node's own view has them all
+
+
+def loader_label(node: str, loader: str) -> str:
+    return f"{loader} on {node}"
+
+
+def loader_key(node: str, loader: str) -> str:
+    """The what-if's loader selector value of a loader (a node and a loader label)."""
+    return f"{node} | {loader}"
+
+
+def _part_window(spans) -> dict | None:
+    """A part's window: its longest GetNext (the first of its spans), with an outlier's margin."""
+    if not spans:
+        return None
+    start, end = (int(v) for v in spans[0])
+    lo, hi = outlier_window(start, end)
+    return {"start_us": lo, "end_us": hi, "at": iso_utc(start), "wait_s": (end - start) / 1e6,
+            "count": len(spans)}
+
+
+def _budget_row(item: LoaderBudget) -> dict:
+    return {"key": loader_key(item.node, item.loader), "label": loader_label(item.node, item.loader),
+            "node": item.node, "loader": item.loader, "training_s": float(item.training_s),
+            "wait_s": float(item.wait_s), "parts": {p: float(item.parts.get(p, 0.0)) for p in PARTS},
+            "windows": {p: w for p in PARTS if (w := _part_window(item.windows.get(p))) is not None},
+            "bound": item.bound}
+
+
+def budget_rows(view: TrialView) -> list[dict]:
+    """Each training loader's wait budget as the page draws it, in the assessment's order
+    (the MAX_BUDGET_ROWS waiting most, when there are more)."""
+    rows = [_budget_row(item) for item in view.assessment.budget]
+    if len(rows) > MAX_BUDGET_ROWS:
+        keep = set(sorted(range(len(rows)), key=lambda i: -rows[i]["wait_s"])[:MAX_BUDGET_ROWS])
+        rows = [row for i, row in enumerate(rows) if i in keep]
+    return rows
+
+
+def budget_view(view: TrialView) -> dict:
+    """The wait budget block: its figure, the what-if's loader choices and a note."""
+    rows = budget_rows(view)
+    total = len(view.assessment.budget)
+    note = "" if total <= len(rows) else (f"The {len(rows)} of {total} loaders that wait most; "
+                                          f"choose a node to see its own.")
+    options = [{"label": "all loaders", "value": ""}] + [{"label": row["label"], "value": row["key"]}
+                                                         for row in rows]
+    return {"figure": figures.budget_figure_spec(rows, PART_WORDS), "rows": rows, "note": note,
+            "loader_options": options, "several_loaders": len(rows) > 1}
+
+
+def budget_click_window(click_data) -> tuple[int, int] | None:
+    """The window a click on a budget bar names: its part's longest wait (None for a part
+    without one, the "not waiting" rest, or anything unexpected)."""
+    try:
+        custom = click_data["points"][0]["customdata"]
+        start, end = custom[BUDGET_WINDOW_AT[0]], custom[BUDGET_WINDOW_AT[1]]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or isinstance(start, bool):
+        return None
+    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
+        return None
+    return int(start), int(end)
+
+
+def what_if_change(num_workers=None, prefetch_factor=None, in_order=None, persistent_workers=None) -> dict:
+    """The settings a user gave (an empty field or "unchanged" means unchanged), as typed:
+    the library validates them."""
+    values = dict(zip(WHAT_IF_KEYS, (num_workers, prefetch_factor, in_order, persistent_workers)))
+    return {key: value for key, value in values.items()
+            if value is not None and not (isinstance(value, str) and not value.strip())
+            and not (isinstance(value, float) and not math.isfinite(value))}
+
+
+def what_if_inputs(change: dict | None) -> dict:
+    """The what-if fields' values that show `change`: numbers as they are (None: empty),
+    booleans as the dropdowns' "true"/"false" ("": unchanged)."""
+    change = change or {}
+    out = {}
+    for key in WHAT_IF_KEYS:
+        value = change.get(key)
+        if key in ("in_order", "persistent_workers"):
+            out[key] = "" if value is None else str(value).lower()
+        else:
+            out[key] = value
+    return out
+
+
+def _now(row: dict) -> dict:
+    training = row["training_s"]
+    return {"wait_s": row["wait_s"], "training_s": training,
+            "wait_fraction": row["wait_s"] / training if training > 0 else 0.0}
+
+
+def what_if_view(view: TrialView, change: dict, loader: str | None = "") -> dict:
+    """Today's wait and, with `change`, the predicted wait and training time of each
+    training loader (or of the one `loader` names). An empty change predicts nothing.
+    ValueError, with the library's message, for a bad setting."""
+    rows = budget_rows(view)
+    results = view.assessment.predict(change) if change else None
+    by_key = {}
+    for result in results or []:
+        by_key.setdefault(loader_key(result.node, result.loader), result)
+    shown = [row for row in rows if row["key"] == loader] or rows
+    out = []
+    for row in shown:
+        result = by_key.get(row["key"])
+        item = {"key": row["key"], "label": row["label"], "now": _now(row), "predicted": None, "note": "",
+                "text": ""}
+        if result is not None and result.predicted is not None:
+            then = result.predicted
+            item["predicted"] = {"wait_fraction": float(then["wait_fraction"]),
+                                 "training_s": float(then["training_s"]),
+                                 "wait_s": float(then["wait_fraction"]) * float(then["training_s"])}
+            saving = result.saving_s
+            item["text"] = prediction_text(result.now, then) + (
+                f" (saves {saving:.2f} s)" if saving >= 0 else f" (adds {-saving:.2f} s of waiting)")
+            item["note"] = result.note
+        elif result is not None:
+            item["note"] = result.note
+            item["text"] = f"no prediction: {result.note}"
+        out.append(item)
+    return {"change": change_text(results[0].change) if results else "", "rows": out,
+            "figure": figures.what_if_figure_spec(out)}
 
 
 def load_error_text(exc: TrialError) -> str:

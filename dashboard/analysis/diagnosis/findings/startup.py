@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
-from .base import LoaderContext, Recommendation, predicted_text, seconds_text
+from .base import MAX_LISTED, LoaderContext, Recommendation, predicted_text, seconds_text
 
 # A first start is a finding of its own when the first batches cost this share of the
 # job: starting workers always costs something (tens of ms to fork, seconds to spawn),
 # and under 5 % that is the normal price of having workers.
 STARTUP_MIN_SHARE = 0.05
+
+
+def _starts(calls: pd.DataFrame, inits: pd.DataFrame) -> list[dict]:
+    firsts = calls.loc[calls["index"] == 0, ["start_us", "end_us"]].sort_values("start_us", kind="stable")
+    firsts = firsts.head(MAX_LISTED)
+    if inits.empty:
+        began = firsts["start_us"].to_numpy()
+    else:
+        at = np.searchsorted(inits["start_us"].to_numpy(), firsts["start_us"].to_numpy(), side="right") - 1
+        began = np.where(at >= 0, inits["start_us"].to_numpy()[np.clip(at, 0, None)], firsts["start_us"].to_numpy())
+    return [{"start_us": int(b), "end_us": int(e), "startup_s": round((e - b) / 1e6, 6)}
+            for b, e in zip(began, firsts["end_us"].to_numpy())]
 
 
 def find(ctx: LoaderContext) -> list[Recommendation]:
@@ -25,13 +38,16 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     calls = loader.calls
     first_batch_s = float(calls.loc[calls["index"] == 0, "duration_us"].median()) / 1e6
     starts = int(model.recreated.sum()) if model is not None else loader.segments
-    evidence = ctx.evidence(part_s=round(startup, 6), iterators=loader.segments, starts=starts,
+    evidence = ctx.evidence(part_s=round(startup, 6), iterators=loader.segments, starts_total=starts,
                             persistent_workers=loader.persistent,
                             persistent_recorded=loader.persistent_recorded,
                             startup_s=round(startup / max(starts, 1), 6), first_batch_s=round(first_batch_s, 6),
                             init_median_s=None if init_s is None else round(init_s, 6),
                             windows=[{"start_us": s, "end_us": e} for s, e in budget.windows.get("startup", [])])
     if recreated:
+        # Each start, from its initialization to the end of its first batch: what it cost.
+        evidence["starts"] = _starts(calls, mine)
+        del evidence["windows"]
         result = ctx.predict({"persistent_workers": True})
         if result.predicted is not None and not ctx.worth(result.saving_s):
             return []  # the waits are the pipeline filling each epoch, which persistence keeps
