@@ -25,33 +25,18 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from stats import spread  # noqa: E402  (bench/, the script's own folder)
+from trials import cached_trial  # noqa: E402
 
 SIZES = {"300000": dict(epochs=10, train_batches=30_000), "3000000": dict(epochs=10, train_batches=300_000),
          "iterators": dict(epochs=100_000, train_batches=3)}
 
 
 def make_trial(size: str) -> str:
-    import hashlib
-    import shutil
-
-    import dashboard.collector.writer
-    import dashboard.synthetic
-    from dashboard.synthetic import write_trial
-
-    version = hashlib.sha256(b"".join(open(module.__file__, "rb").read() for module in (
-        dashboard.synthetic, dashboard.collector.writer))).hexdigest()
-    folder = os.path.join(HERE, "out", f"diagnosis-{size}")
-    marker = os.path.join(folder, ".complete")
-    if not os.path.exists(marker) or open(marker).read() != version:
-        shutil.rmtree(folder, ignore_errors=True)
-        # 1 % of the batches slow: a tail the budget must find.
-        spec = SIZES[size]
-        slow = {(e, b): 40_000 for e in range(min(spec["epochs"], 10)) for b in range(7, spec["train_batches"], 100)}
-        write_trial(folder, val_batches=0, num_workers=4, cpus=8, gpus=1, rotate_s=60, seed=1,
-                    slow_batches=slow, **spec)
-        with open(marker, "w") as out:
-            out.write(version)
-    return folder
+    spec = SIZES[size]
+    # 1 % of the batches slow: a tail the budget must find.
+    slow = {(e, b): 40_000 for e in range(min(spec["epochs"], 10)) for b in range(7, spec["train_batches"], 100)}
+    return cached_trial(f"diagnosis-{size}", val_batches=0, num_workers=4, cpus=8, gpus=1, rotate_s=60, seed=1,
+                        slow_batches=slow, **spec)
 
 
 def child(folder: str) -> None:

@@ -31,29 +31,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from stats import spread  # noqa: E402  (bench/, the script's own folder)
+from trials import cached_trial  # noqa: E402
 
 
 def make_trial(batches: int) -> str:
-    import hashlib
-    import shutil
-
-    import dashboard.collector.writer
-    import dashboard.synthetic
-    from dashboard.synthetic import write_trial
-
-    # Made again when the code that writes it changes.
-    version = hashlib.sha256(b"".join(open(module.__file__, "rb").read() for module in (
-        dashboard.synthetic, dashboard.collector.writer))).hexdigest()
-    folder = os.path.join(HERE, "out", f"trial-{batches}")
-    marker = os.path.join(folder, ".complete")
-    if not os.path.exists(marker) or open(marker).read() != version:
-        shutil.rmtree(folder, ignore_errors=True)
-        epochs = 10
-        write_trial(folder, epochs=epochs, train_batches=batches // epochs, val_batches=0, num_workers=4,
-                    cpus=8, gpus=1, rotate_s=60, seed=1)
-        with open(marker, "w") as out:
-            out.write(version)
-    return folder
+    epochs = 10
+    return cached_trial(f"trial-{batches}", epochs=epochs, train_batches=batches // epochs, val_batches=0,
+                        num_workers=4, cpus=8, gpus=1, rotate_s=60, seed=1)
 
 
 def framework_mb(folder: str) -> float:

@@ -1,0 +1,26 @@
+"""The benchmarks' synthetic trials: written once under bench/out/, again when the code that
+writes them changes (or their parameters do)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def cached_trial(name: str, **write_options) -> str:
+    """The folder of a `dashboard.synthetic.write_trial(folder, **write_options)` trial."""
+    import dashboard.collector.writer
+    import dashboard.synthetic
+
+    version = hashlib.sha256(b"".join(open(module.__file__, "rb").read() for module in (
+        dashboard.synthetic, dashboard.collector.writer)) + repr(sorted(write_options.items())).encode()).hexdigest()
+    folder = os.path.join(HERE, "out", name)
+    marker = os.path.join(folder, ".complete")
+    if not os.path.exists(marker) or open(marker).read() != version:
+        shutil.rmtree(folder, ignore_errors=True)
+        dashboard.synthetic.write_trial(folder, **write_options)
+        with open(marker, "w") as out:
+            out.write(version)
+    return folder
