@@ -113,6 +113,10 @@ class PipelineModel:
     mean_cpu_us: float = 0.0
     mean_compute_us: float = 0.0
     contention: float | None = None  # (cpu + run-queue wait) / cpu of the fetches, measured
+    # The main process's compute beyond its steady compute in the first batches after each
+    # start of new workers (forking them slows the parent: copy-on-write faults, the new
+    # processes taking the cores): what persistent workers also save, per start.
+    startup_compute_us: float = 0.0
 
     @property
     def batches(self) -> int:
@@ -378,8 +382,29 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         model.latency_base_us = np.maximum(base - cpu_base * sigma, 0.0)
         model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
     model.contention = contention
+    model.startup_compute_us = _startup_compute(compute, segment, index, recreated) if workers else 0.0
     model.replay_segments, model.replay_scale = _sample(segment, segments)
     return model
+
+
+# Iterators needed to tell a start's compute cost from noise (a median per batch position).
+MIN_STARTS_FOR_COMPUTE = 3
+
+
+def _startup_compute(compute, segment, index, recreated) -> float:
+    """Per start of new workers: the first half of an iterator's compute beyond its second
+    half's, by batch position, as the median over the iterators that started workers."""
+    if recreated.sum() < MIN_STARTS_FOR_COMPUTE:
+        return 0.0
+    sizes = np.bincount(segment)
+    half = sizes[segment] // 2
+    fresh = recreated[segment]
+    steady = compute[fresh & (index >= half)]
+    early = fresh & (index < half)
+    if not len(steady) or not early.any():
+        return 0.0
+    by_position = pd.Series(compute[early]).groupby(index[early]).median()
+    return float(np.maximum(by_position.to_numpy() - np.median(steady), 0.0).sum())
 
 
 def _delivery_from_waits(wait: np.ndarray) -> float:

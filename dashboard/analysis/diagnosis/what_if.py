@@ -107,7 +107,11 @@ def predict(loader: Loader, model: PipelineModel | None, budget: LoaderBudget, c
     # Never more than is waited today; a slower setting may add waiting.
     saved = min(saved, budget.wait_s)
     wait = budget.wait_s - saved
-    training = max(budget.training_s - saved, 1e-9)
+    # Workers that start once also spare the main process's slower compute after each start.
+    compute_saved = 0.0
+    if settings.persistent_workers and not model.settings.persistent_workers and settings.num_workers:
+        compute_saved = model.startup_compute_us * max(int(model.recreated.sum()) - 1, 0) / 1e6
+    training = max(budget.training_s - saved - compute_saved, 1e-9)
     note = "" if model.service_measured else "service times inferred from the main process's waits (an estimate)"
     return WhatIf(budget.node, budget.loader, change, now,
                   {"wait_fraction": _fraction(wait, training), "training_s": round(training, 6)}, note)

@@ -47,6 +47,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     if recreated:
         # Each start, from its initialization to the end of its first batch: what it cost.
         evidence["starts"] = _starts(calls, mine)
+        evidence["startup_compute_s"] = round(model.startup_compute_us / 1e6, 6) if model is not None else None
         del evidence["windows"]
         result = ctx.predict({"persistent_workers": True})
         if result.predicted is not None and not ctx.worth(result.saving_s):
@@ -55,6 +56,9 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
                 f"{starts} times, and the first batches of each start waited {seconds_text(startup / starts)} "
                 f"beyond the steady wait ({seconds_text(startup)} in all)"
                 + (f"; each iter() took {seconds_text(init_s)} more" if init_s else "")
+                + (f"; and the training loop's compute ran {seconds_text(model.startup_compute_us / 1e6)} slower "
+                   f"after each start (forking workers slows the parent)"
+                   if model is not None and ctx.worth(model.startup_compute_us / 1e6 * (starts - 1)) else "")
                 + ". Set `persistent_workers=True` on this DataLoader so its workers start once."
                 + predicted_text(result))
         return [ctx.recommend("persistent_workers", text, evidence, startup, result)]
