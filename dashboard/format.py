@@ -18,6 +18,9 @@ PHASE_STEP_EVAL = "Step:ModeKeys.EVAL"
 # search on those words and would count them as workers or iterators.
 PHASE_WORKER_FETCH = "DataLoaderFetch"
 PHASE_FIRST_BATCH = "DataLoaderFirstBatch"
+# The next() that ends an epoch (StopIteration): its start is the end of the epoch's last
+# step, so training time needs no estimate of that step's compute.
+PHASE_EPOCH_END = "DataLoaderEpochEnd"
 # The fetch phase's name in trials of the collector's first version: still read as fetches.
 LEGACY_PHASE_WORKER_FETCH = "DataLoaderWorkerFetch"
 
@@ -27,8 +30,9 @@ KIND_GETNEXT = "getnext"
 KIND_WORKER = "worker"
 KIND_STEP = "step"
 KIND_FETCH = "fetch"
+KIND_EPOCH_END = "epoch_end"
 KIND_OTHER = "other"
-KINDS = (KIND_INIT, KIND_GETNEXT, KIND_WORKER, KIND_STEP, KIND_FETCH, KIND_OTHER)
+KINDS = (KIND_INIT, KIND_GETNEXT, KIND_WORKER, KIND_STEP, KIND_FETCH, KIND_EPOCH_END, KIND_OTHER)
 
 # Event names, by iterator class ("_MultiProcessingDataLoaderIter", ...).
 def init_event_name(iter_class: str) -> str:
@@ -41,6 +45,10 @@ def getnext_event_name(iter_class: str) -> str:
 
 def worker_event_name(iter_class: str) -> str:
     return f"{iter_class}.worker"
+
+
+def epoch_end_event_name(iter_class: str) -> str:
+    return f"{iter_class}.epoch_end"
 
 
 # Recognising events by name, for producers that did not name the phase.

@@ -137,15 +137,20 @@ class Hooks:
     def _make_next(self, original):
         # Defaults, not closures: the fastest names Python has (LOAD_FAST).
         def __next__(self, _original=original, _now=time_ns, _add=self.collector._buffer.add,
-                     _adopt=self._adopt):
+                     _adopt=self._adopt, _ended=self._epoch_end):
             start = _now()
-            data = _original(self)
+            try:
+                data = _original(self)
+            except StopIteration:  # once an epoch: a try costs nothing until it raises
+                _ended(self, start, _now())
+                raise
             _add([start, _now(), self._dlp or _adopt(self)])
             return data
 
         def make_inert():
             defaults = list(__next__.__defaults__)
             defaults[2] = _discard
+            defaults[4] = _discard_end
             __next__.__defaults__ = tuple(defaults)
 
         __next__._dlp_make_inert = make_inert
@@ -251,6 +256,15 @@ class Hooks:
         single = getattr(iterator, "_num_workers", 1) == 0
         iterator._dlp = protocol.source(iid, -1 if single else protocol.WORKER_UNKNOWN)
 
+    def _epoch_end(self, iterator, start_ns: int, end_ns: int) -> None:
+        """The next() that raised StopIteration: when the epoch's last step ended."""
+        try:
+            iid, _ = protocol.split_source(iterator._dlp or self._adopt(iterator))
+            self.collector._buffer.control({"t": "end", "iid": iid, "cls": type(iterator).__name__,
+                                            "t0": start_ns, "t1": end_ns, "pid": self._pid})
+        except Exception:  # never into the training loop
+            pass
+
     def _adopt(self, iterator) -> int:
         """An iterator created before the recording started: give it an id on first use."""
         try:
@@ -269,6 +283,10 @@ def _json_number(value):
 
 
 def _discard(_record) -> None:
+    pass
+
+
+def _discard_end(_iterator, _start_ns, _end_ns) -> None:
     pass
 
 

@@ -96,7 +96,8 @@ def kind_of_phase(phase: str) -> str | None:
     """The kind a phase implies, or None when the phase does not say (DataLoaderIter: the
     name says, see kind_in_iter_phase)."""
     return {fmt.PHASE_INIT: fmt.KIND_INIT, fmt.PHASE_WORKER: fmt.KIND_WORKER,
-            fmt.PHASE_WORKER_FETCH: fmt.KIND_FETCH, fmt.LEGACY_PHASE_WORKER_FETCH: fmt.KIND_FETCH}.get(
+            fmt.PHASE_WORKER_FETCH: fmt.KIND_FETCH, fmt.LEGACY_PHASE_WORKER_FETCH: fmt.KIND_FETCH,
+            fmt.PHASE_EPOCH_END: fmt.KIND_EPOCH_END}.get(
         phase, fmt.KIND_STEP if phase.startswith("Step:") else None)
 
 

@@ -343,11 +343,14 @@ def _loaders(node: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.n
     return out
 
 
-def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matched: bool):
-    """The node's training windows and whether their ends are estimated."""
+def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matched: bool,
+             epoch_ends: pd.Series):
+    """The node's training windows and whether their ends are estimated. `epoch_ends`: by
+    (pid, iterator_id), when the next() that ended the epoch began (this project's collector)."""
     seg = calls.groupby("segment", sort=False).agg(
         lo=("start_us", "first"), hi=("end_us", "max"), own_first=("own_step", "first"),
-        own_last=("own_step", "max"), compute=("compute_us", "median"))
+        own_last=("own_step", "max"), compute=("compute_us", "median"), pid=("pid", "first"),
+        iterator_id=("iterator_id", "first"))
     in_training = seg.index.isin(training)
     train, evaluation = seg[in_training], seg[~in_training]
     lo = train["lo"].to_numpy(dtype=np.int64)
@@ -359,15 +362,32 @@ def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matc
         hi = np.where(last >= 0, np.maximum(hi, ends[np.clip(last, 0, None)]), hi)
         estimated = bool((last < 0).any())
     else:
-        # No steps: the last batch's compute is the iterator's median one (an estimate).
+        # No steps: the epoch ends when the loop asks for a batch after its last step (the
+        # collector records that next()); else the last batch's compute is the iterator's
+        # median one (an estimate).
         compute = train["compute"].fillna(calls["compute_us"].median()).fillna(0.0)
-        hi = hi + np.maximum(compute.to_numpy(), 0.0).round().astype(np.int64)
-        estimated = bool(len(train))
+        guessed = hi + np.maximum(compute.to_numpy(), 0.0).round().astype(np.int64)
+        keys = pd.MultiIndex.from_arrays([train["pid"].to_numpy(),
+                                          train["iterator_id"].astype("Float64").fillna(-1).astype("int64")])
+        recorded = epoch_ends.reindex(keys).to_numpy(dtype=np.float64, na_value=np.nan)
+        known = np.isfinite(recorded) & (recorded >= hi)
+        hi = np.where(known, np.nan_to_num(recorded).astype(np.int64), guessed)
+        estimated = bool((~known).any())
     # An evaluation loop run inside a training step (Kineto: before the next prof.step())
     # is not training time.
     windows = subtract(lo, hi, evaluation["lo"].to_numpy(dtype=np.int64),
                        evaluation["hi"].to_numpy(dtype=np.int64))
     return windows, estimated, pd.DataFrame({"lo": lo, "hi": hi}, index=train.index)
+
+
+def _epoch_ends(framework: pd.DataFrame) -> pd.Series:
+    """Start of each recorded epoch-ending next(), by (pid, iterator_id)."""
+    ends = framework[(framework["kind"] == fmt.KIND_EPOCH_END).to_numpy()]
+    ends = ends[ends["iterator_id"].notna()]
+    index = pd.MultiIndex.from_arrays([ends["pid"].fillna(-1).astype("int64").to_numpy(),
+                                       ends["iterator_id"].astype("int64").to_numpy()])
+    series = pd.Series(ends["start_us"].to_numpy(dtype=np.int64), index=index)
+    return series[~series.index.duplicated(keep="last")]
 
 
 def nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[Node]:
@@ -390,7 +410,8 @@ def nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[Node]:
         steps_matched = bool(len(training))
         if not steps_matched:
             training = share.index.to_numpy()
-        windows, estimated, segment_windows = _windows(node_calls, training, starts, ends, steps_matched)
+        windows, estimated, segment_windows = _windows(node_calls, training, starts, ends, steps_matched,
+                                                       _epoch_ends(node_fw))
         inits = inits_all[(inits_all["node"] == node).to_numpy()]
         cpu, iowait, cores, gpus = _system_series(system, host_of(node), node)
         span = int(node_fw["end_us"].max() - node_fw["start_us"].min())

@@ -36,17 +36,23 @@ def classify_input_percent(percent: float | None) -> str | None:
     return CLASS_NOT
 
 
+def _estimated(nodes: list[Node]) -> str:
+    if any(n.training_estimated for n in nodes):
+        return " (estimated where the epoch's end was not recorded: the iterator's median compute)"
+    return " (recorded: the next() that ended each epoch)"
+
+
 def _basis(nodes: list[Node]) -> str:
     iterators = sum(len(n.training_segments) for n in nodes)
     if all(n.steps_matched for n in nodes):
         how = (f"over the training steps fed by {iterators} training iterator(s), each step counted "
                f"whole; evaluation iterators told apart by the steps they fed")
     elif any(n.has_steps and not n.steps_matched for n in nodes):
-        how = (f"from the first GetNext of each of {iterators} iterator(s) to its last batch's compute "
-               f"(estimated); no iterator fed the training steps, so every iterator counts")
+        how = (f"from the first GetNext of each of {iterators} iterator(s) to the end of its last batch's "
+               f"compute{_estimated(nodes)}; no iterator fed the training steps, so every iterator counts")
     else:
-        how = (f"from the first GetNext of each of {iterators} iterator(s) to its last batch's compute "
-               f"(estimated: no step events); every iterator counts as training")
+        how = (f"from the first GetNext of each of {iterators} iterator(s) to the end of its last batch's "
+               f"compute{_estimated(nodes)}; no step events, so every iterator counts as training")
     where = f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
     return how + where
 
