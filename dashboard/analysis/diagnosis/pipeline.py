@@ -32,9 +32,10 @@ What is inferred from a trial (per loader, per batch, in its iterator's order):
   computing part stretches; the waiting part never does.
 
 The replay runs the iterator's protocol batch by batch with those inputs and changed
-settings. It is exact for the protocol and approximate in its inputs; predictions use
-its difference between today's settings and the changed ones, applied to the measured
-wait, so that what the model does not capture cancels out. Large loaders are replayed on
+settings. It is exact for the protocol and approximate in its inputs; a prediction is the
+changed replay scaled by how today's measured wait compares with today's replay (what the
+model does not capture, a busy host's wake-ups and hand-overs, grows and shrinks with the
+waiting the model does capture; see what_if). Large loaders are replayed on
 an even sample of their iterators (at most MAX_REPLAY_BATCHES batches) and scaled.
 """
 from __future__ import annotations
@@ -117,6 +118,7 @@ class PipelineModel:
     # start of new workers (forking them slows the parent: copy-on-write faults, the new
     # processes taking the cores): what persistent workers also save, per start.
     startup_compute_us: float = 0.0
+    today_us: float = 0.0  # the replay's total wait under today's settings
 
     @property
     def batches(self) -> int:
@@ -384,6 +386,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     model.contention = contention
     model.startup_compute_us = _startup_compute(compute, segment, index, recreated) if workers else 0.0
     model.replay_segments, model.replay_scale = _sample(segment, segments)
+    model.today_us = replay(model, settings)
     return model
 
 

@@ -1,10 +1,10 @@
 """What-if: DataLoader settings in, predicted wait and training time out.
 
 A change is a dict of the settings the pipeline model replays: num_workers,
-prefetch_factor, in_order, persistent_workers. The prediction is today's measured wait
-less what the replay saves between today's settings and the changed ones (see
-`pipeline`); the compute between batches is the same, so training time falls by the
-same seconds. A loader without a recorded worker count cannot be replayed: its
+prefetch_factor, in_order, persistent_workers. The prediction is the replay under the
+changed settings, scaled by today's measured wait over today's replay (see _calibrated);
+the compute between batches is the same (but for what persistent workers spare after each
+start), so training time falls by the seconds the wait does. A loader without a recorded worker count cannot be replayed: its
 prediction is None, and says why.
 """
 from __future__ import annotations
@@ -88,6 +88,22 @@ class WhatIf:
         return None if self.predicted is None else round(self.now["training_s"] - self.predicted["training_s"], 6)
 
 
+# How far today's measured wait may be from today's replay and still scale the prediction:
+# beyond it the model explains too little of the wait for a ratio to mean anything, and the
+# difference is carried over as it is instead.
+MAX_CALIBRATION = 2.0
+
+
+def _calibrated(measured_us: float, today_us: float, changed_us: float) -> float:
+    """The changed setting's wait: its replay times today's measured / replayed wait. The
+    part of the wait the model does not produce (the budget's residual: on a busy host, the
+    main process's wake-ups and the workers' hand-overs) is in proportion to the waiting it
+    does: more workers, fewer waits, less of it too."""
+    if today_us > 0 and 1 / MAX_CALIBRATION <= measured_us / today_us <= MAX_CALIBRATION:
+        return changed_us * measured_us / today_us
+    return max(measured_us - (today_us - changed_us), 0.0)
+
+
 def _fraction(wait_s: float, training_s: float) -> float:
     return round(wait_s / training_s, 6) if training_s > 0 else 0.0
 
@@ -99,14 +115,8 @@ def predict(loader: Loader, model: PipelineModel | None, budget: LoaderBudget, c
         return WhatIf(budget.node, budget.loader, change, now, None,
                       "the trial does not record this loader's num_workers: it cannot be replayed")
     settings = model.settings.changed(change)
-    if settings.num_workers == 0 and model.settings.num_workers == 0 and len(change) == 1 \
-            and "num_workers" in change:
-        saved = 0.0
-    else:
-        saved = (replay(model, model.settings) - replay(model, settings)) / 1e6
-    # Never more than is waited today; a slower setting may add waiting.
-    saved = min(saved, budget.wait_s)
-    wait = budget.wait_s - saved
+    wait = _calibrated(budget.wait_s * 1e6, model.today_us, replay(model, settings)) / 1e6
+    saved = budget.wait_s - wait
     # Workers that start once also spare the main process's slower compute after each start.
     compute_saved = 0.0
     if settings.persistent_workers and not model.settings.persistent_workers and settings.num_workers:

@@ -24,6 +24,8 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
             saving = round(min(item.saving_s, max(left, 0.0)), 3)
             left -= saving
             if saving != item.saving_s:
+                if not ctx.worth(saving):
+                    continue  # what it would save, the findings before it already claim
                 item = Recommendation(item.id, item.text, {**item.evidence, "uncapped_saving_s": item.saving_s},
                                       saving, item.change, item.predicted)
         capped.append(item)
