@@ -29,7 +29,7 @@ def _analyze(args) -> int:
         return 2
     try:
         result = analyze(args.trial, node=args.node, outlier_factor=args.outlier_factor,
-                         max_bytes=args.max_bytes, max_events=args.max_events)
+                         max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files)
     except TrialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "(num_workers, prefetch_factor, in_order, persistent_workers); repeatable")
     analyze.add_argument("--max-bytes", type=int, help="refuse trials larger than this many bytes")
     analyze.add_argument("--max-events", type=int, help="refuse trials with more events than this")
+    analyze.add_argument("--max-files", type=int, help="refuse trials with more files than this")
     from dashboard.web.options import add_serve_arguments
 
     serve = sub.add_parser("serve", help="serve the dashboard (the default)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
+import time
 
 import pytest
 
@@ -98,15 +100,64 @@ class CountingStore:
         # The store's own list: listing replaces it.
         return self.store.skipped
 
+    @property
+    def canonical_path(self):
+        return self.store.canonical_path
+
     def list(self):
         return self.store.list()
 
-    def read(self, key):
+    def read(self, key, size=None):
         self.reads.append(key)
-        return self.store.read(key)
+        return self.store.read(key, size=size)
 
-    def iter_chunks(self, key):
-        pieces = self.store.iter_chunks(key, self.chunk_bytes) if self.chunk_bytes else self.store.iter_chunks(key)
+    def iter_chunks(self, key, size=None):
+        pieces = (self.store.iter_chunks(key, self.chunk_bytes, size=size) if self.chunk_bytes
+                  else self.store.iter_chunks(key, size=size))
         for piece in pieces:
             self.pieces.append(len(piece))
             yield piece
+
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers (an S3 endpoint that
+    hangs). It holds what it accepted until it stops: at stop(), or by itself after lifetime_s,
+    so that a test that fails never leaves it running."""
+
+    def __init__(self, lifetime_s: float = 120):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.accepted = 0
+        self._held: list[socket.socket] = []
+        self._stop_at = time.monotonic() + lifetime_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="silent-server", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set() and time.monotonic() < self._stop_at:
+                try:
+                    conn, _ = self.sock.accept()
+                except socket.timeout:
+                    continue
+                self.accepted += 1
+                self._held.append(conn)  # read nothing, answer nothing
+        finally:
+            for conn in self._held:
+                conn.close()
+            self.sock.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+
+    def __enter__(self) -> "SilentServer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

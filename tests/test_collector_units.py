@@ -409,3 +409,63 @@ def test_a_job_stopped_at_once_still_gets_one_sample():
         sampler.stop()
         assert len(samples) == 1
         assert {r[0] for r in samples[0]} >= {"cpu", "memory"}
+
+
+# --- uploads to an S3 that never answers ----------------------------------------------------------
+
+UPLOAD_TIMEOUT_S = 2.0
+# Past the upload timeout: closing the files and the thread's own steps, on a loaded machine.
+FINISH_MARGIN_S = 10.0
+
+
+def hanging_s3_env(monkeypatch, server) -> None:
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def test_sink_gives_up_uploads_to_a_hanging_s3_on_time_and_names_what_stayed_local(tmp_path, monkeypatch, capfd):
+    from tests.conftest import SilentServer
+
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the staging folder: removed with tmp_path
+    with SilentServer(lifetime_s=60) as server:
+        hanging_s3_env(monkeypatch, server)
+        config = _sink_config(tmp_path, out="s3://hanging/job", upload_timeout_s=UPLOAD_TIMEOUT_S)
+        read_fd, write_fd = os.pipe()
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault("status", run_sink(config, read_fd)), daemon=True)
+        thread.start()
+        ns = T0 * 1000
+        os.write(write_fd, protocol.getnext_frame(array("q", [ns, ns + 1000, protocol.source(1, 0)])))
+        os.write(write_fd, protocol.frame(protocol.QUIT))
+        os.close(write_fd)
+        quit_at = time.monotonic()
+        thread.join(UPLOAD_TIMEOUT_S + FINISH_MARGIN_S)
+        finished_s = time.monotonic() - quit_at
+        assert not thread.is_alive(), f"the sink still waits {finished_s:.0f} s after the end of the stream"
+        os.close(read_fd)
+        assert server.accepted >= 1  # the upload did reach the endpoint, and hung there
+    assert result["status"] == 0 and finished_s >= UPLOAD_TIMEOUT_S
+    message = capfd.readouterr().err
+    assert f"did not finish in {UPLOAD_TIMEOUT_S:g} s" in message, message
+    staging = message.split("stayed local in ")[1].split(":")[0]
+    assert os.path.dirname(staging) == str(tmp_path)
+    named = message.split("stayed local in ")[1].split(": ", 1)[1].strip().split(", ")
+    assert named and all(key.startswith("framework/pevents/") for key in named)
+    for key in named:
+        events = json.loads(open(os.path.join(staging, key)).read())
+        getnexts = [e for e in events if e.get("ph") == "X" and e["name"].endswith("::GetNext")]
+        assert len(getnexts) == 1 and getnexts[0]["dur"] == 1  # the one written, 1 us long
+
+
+def test_the_upload_timeout_must_be_positive():
+    from dashboard.collector import Collector
+
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="upload_timeout_s"):
+            Collector("x", upload_timeout_s=bad)

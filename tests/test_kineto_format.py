@@ -225,20 +225,21 @@ def test_a_trace_read_in_pieces_is_never_read_whole(two_loaders, tmp_path, gz):
         assert trial.report.files_read == 1 and trial.report.lines_skipped == 0
 
 
-def test_a_trace_over_the_byte_limit_stops_while_it_is_read(two_loaders, tmp_path):
-    from dashboard.trial.errors import TrialTooLargeError
+def test_a_trace_grown_since_its_listing_is_read_as_listed(two_loaders, tmp_path):
+    """A trace still being written is read no further than its listing saw: the version the
+    listing's fingerprint names, and within the size the listing passed against the limit (the
+    whole file is twice the limit here)."""
     from dashboard.trial.store import FileInfo, LocalStore
     from tests.conftest import CountingStore
 
     name = os.listdir(two_loaders["folder"])[0]
     size = os.path.getsize(os.path.join(two_loaders["folder"], name))
-    # Listed when it was small (a trace still being written): the listing passes the limit,
-    # the bytes read do not.
     store = CountingStore(LocalStore(two_loaders["folder"]), chunk_bytes=4096)
-    listed = [FileInfo(info.key, 100, info.version) for info in store.list()]
-    with pytest.raises(TrialTooLargeError, match="over the limit"):
-        load_trial(two_loaders["folder"], store=store, files=listed, max_bytes=size // 2, threads=1)
-    assert 0 < sum(store.pieces) <= size // 2 + 4096  # stopped at the limit, not after reading the whole file
+    listed = [FileInfo(info.key, size // 2, info.version) for info in store.list()]
+    trial = load_trial(two_loaders["folder"], store=store, files=listed, max_bytes=size // 2, threads=1)
+    assert sum(store.pieces) == size // 2  # as listed: not a byte past it
+    assert trial.report.lines_skipped == 1
+    assert "the trace ends early" in trial.report.files_with_skipped_lines[0].reason
 
 
 def test_ranks_from_distributed_info_become_nodes(tmp_path):

@@ -65,7 +65,8 @@ def test_paths_outside_the_roots_are_refused(roots):
     for path in hostile:
         with pytest.raises(TrialAccessError) as caught:
             load_trial(path, roots=allowed)
-        assert str(caught.value) == f"{path}: outside the allowed data roots ({data})"
+        # The path as typed, never the server's roots.
+        assert str(caught.value) == f"{path}: outside the allowed data roots"
     relative = os.path.relpath(str(outside / "job"))
     with pytest.raises(TrialAccessError, match="outside the allowed data roots"):
         load_trial(relative, roots=allowed)

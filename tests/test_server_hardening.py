@@ -522,7 +522,9 @@ def test_s3_stops_mid_load_the_page_says_so_nothing_is_cached_and_a_retry_reads_
 # --- broken trials and garbage payloads -------------------------------------------------------------
 
 def summary_text(panels: dict) -> str:
-    return " ".join(text_of(panels["summary.children"]).split())
+    """The summary's words: its verdict, findings and facts (three outputs of the page)."""
+    parts = (panels[f"{part}.children"] for part in ("summary-verdict", "summary-findings", "summary-facts"))
+    return " ".join(" ".join(text_of(part) for part in parts).split())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])

@@ -302,10 +302,10 @@ def test_a_failed_load_leaves_nothing_in_the_file_cache(tmp_path):
     write_trial(folder, epochs=2, train_batches=20, val_batches=0, rotate_s=0.05)
 
     class FailingStore(CountingStore):
-        def read(self, key):
+        def read(self, key, size=None):
             if len(self.reads) >= 5:
                 raise TrialError(f"{folder}: cannot reach the store")
-            return super().read(key)
+            return super().read(key, size)
 
     from dashboard.trial.store import LocalStore
 

@@ -19,6 +19,8 @@ import signal
 import sys
 import traceback
 
+from .collector import DEFAULT_UPLOAD_TIMEOUT_S
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -35,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-gpu", action="store_true", help="no GPU metrics even when a GPU is present")
     parser.add_argument("--worker-fetch", action="store_true",
                         help="also record each batch's fetch and collate time inside workers")
+    parser.add_argument("--upload-timeout-s", type=float, default=DEFAULT_UPLOAD_TIMEOUT_S,
+                        help=f"with s3:// output: how long the end of the job waits for the last uploads; "
+                             f"past it the files stay local and a warning says where "
+                             f"(default {DEFAULT_UPLOAD_TIMEOUT_S:g})")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="after --: the script and its arguments, or -m module and its arguments")
     return parser
@@ -87,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         collector = Collector(args.out, rotate_s=args.rotate_s,
                               system_interval_s=None if args.no_system else args.system_interval_s,
-                              gpu=not args.no_gpu, worker_fetch=args.worker_fetch)
+                              gpu=not args.no_gpu, worker_fetch=args.worker_fetch,
+                              upload_timeout_s=args.upload_timeout_s)
     except ValueError as exc:
         parser.error(str(exc))
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -35,6 +35,10 @@ from . import protocol
 from .identity import identify
 
 MAX_BUFFERED_RECORDS = 5_000_000  # 160 MB: a sink that cannot keep up loses records instead
+# How long a job's end waits for its last S3 uploads (a file a minute rotates, so few are left;
+# each takes well under a second on a working S3). An S3 that accepts connections and never
+# answers held a finished job for minutes; past this the files stay local, named in a warning.
+DEFAULT_UPLOAD_TIMEOUT_S = 30.0
 
 
 class CollectorWarning(RuntimeWarning):
@@ -112,12 +116,16 @@ class Collector:
     worker_fetch: also record each batch's fetch (and collate) time inside workers.
     flush_s: how often the training process hands its records to the sink.
     sidecar: run the sink as a side process (False: on a thread of this process).
-    stop_timeout_s: how long stop() waits for the sink to finish (S3 uploads).
+    upload_timeout_s: how long the end of the job waits for the S3 uploads; past it, what is
+        not uploaded stays in a local folder, named in a warning.
+    stop_timeout_s: how long stop() waits for the sink's uploads, plus 30 s for it to close the
+        files (default: upload_timeout_s): a sink that does not end by then goes on alone.
     """
 
     def __init__(self, out: str, *, rotate_s: float = 60.0, system_interval_s: float | None = 0.5,
                  gpu: bool = True, worker_fetch: bool = False, flush_s: float = 0.5,
-                 sidecar: bool = True, stop_timeout_s: float = 300.0):
+                 sidecar: bool = True, upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_S,
+                 stop_timeout_s: float | None = None):
         if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
             raise ValueError("out: a local folder or s3://bucket/prefix is required")
         out = os.fspath(out).strip()
@@ -132,6 +140,8 @@ class Collector:
             raise ValueError("system_interval_s must be between 0.1 and 60 seconds (or None for none)")
         if flush_s <= 0:
             raise ValueError("flush_s must be positive")
+        if not upload_timeout_s or upload_timeout_s <= 0:
+            raise ValueError("upload_timeout_s must be positive")
         self.out = out
         self.rotate_s = float(rotate_s)
         self.system_interval_s = float(system_interval_s) if system_interval_s else None
@@ -139,7 +149,8 @@ class Collector:
         self.worker_fetch = bool(worker_fetch)
         self.flush_s = float(flush_s)
         self.sidecar = bool(sidecar)
-        self.stop_timeout_s = float(stop_timeout_s)
+        self.upload_timeout_s = float(upload_timeout_s)
+        self.stop_timeout_s = float(upload_timeout_s if stop_timeout_s is None else stop_timeout_s)
         self.node: str | None = None
         self.system_node: str | None = None
         self.capabilities = None
@@ -241,7 +252,7 @@ class Collector:
         config = SinkConfig(out=self.out, node=self.node, system_node=self.system_node,
                             start_us=time.time_ns() // 1000, main_pid=os.getpid(), spool_dir=self._spool_dir,
                             rotate_s=self.rotate_s, system_interval_s=self.system_interval_s, gpu=self.gpu,
-                            tick_s=min(0.5, self.flush_s), upload_timeout_s=self.stop_timeout_s)
+                            tick_s=min(0.5, self.flush_s), upload_timeout_s=self.upload_timeout_s)
         self._start_sink(config)
         self._owner_pid = os.getpid()
         self._buffer = _Buffer()

@@ -42,6 +42,7 @@ ARG_TIME_TO_FIRST_BATCH = "time_to_first_batch_us"
 DEFAULT_MP_ITER = "_MultiProcessingDataLoaderIter"
 PHASES = (fmt.PHASE_INIT, fmt.PHASE_ITER, fmt.PHASE_WORKER)
 UPLOAD_ATTEMPTS = 3
+UPLOADS_NAMED = 10  # files named in the warning about uploads given up; the rest are counted
 
 _dumps = json.JSONEncoder(separators=(", ", ": "), allow_nan=False).encode
 
@@ -74,7 +75,7 @@ class SinkConfig:
     system_interval_s: float | None = 0.5
     gpu: bool = True
     tick_s: float = 0.5
-    upload_timeout_s: float = 300.0
+    upload_timeout_s: float = 30.0  # collector.DEFAULT_UPLOAD_TIMEOUT_S
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -123,11 +124,16 @@ class _Uploader:
         self.queue: queue.Queue = queue.Queue()
         self.failed: list[str] = []
         self.uploaded = 0
+        # key -> local path of every file not uploaded yet (queued, in flight or failed): what
+        # stays local when the uploads are given up.
+        self.local: dict[str, str] = {}
         self._store = None
+        # A daemon: a sink that gives up on a hung S3 exits without waiting for it.
         self._thread = threading.Thread(target=self._run, name="dashboard-collector-upload", daemon=True)
         self._thread.start()
 
     def enqueue(self, key: str, path: str) -> None:
+        self.local[key] = path
         self.queue.put((key, path))
 
     def _run(self) -> None:
@@ -145,6 +151,7 @@ class _Uploader:
                         self._store = S3Store(self.url)
                     self._store.put_file(key, path)
                     os.remove(path)
+                    self.local.pop(key, None)
                     self.uploaded += 1
                     break
                 except Exception as exc:
@@ -176,11 +183,15 @@ class _Spool:
         except OSError:
             return
         for name in names:
-            state = self.files.setdefault(name, {"offset": 0, "partial": b"", "start": None, "done": False})
+            state = self.files.setdefault(name, {"offset": 0, "partial": b"", "start": None, "done": False,
+                                                 "held": []})
             if not state["done"]:
                 self._read(name, state)
         if final:
             for name, state in self.files.items():
+                if state["held"]:
+                    self.sink.write_fetches(state["start"], state["held"])
+                    state["held"] = []
                 if not state["done"] and state["start"] is not None:
                     self._end_unseen(name, state)
 
@@ -211,16 +222,20 @@ class _Spool:
                     state["start"] = {"pid": pid, "worker_id": wid, "num_workers": nw, "iid": iid,
                                       "created_ns": created, "entry_ns": entry}
                 elif fields[0] == b"E" and state["start"] is not None:
-                    if fetches:
-                        self.sink.write_fetches(state["start"], fetches)
-                        fetches = []
                     how = fields[2].decode(errors="replace") if len(fields) > 2 else "exit"
                     self.sink.write_worker(state["start"], int(fields[1]), how)
                     state["done"] = True
             except (ValueError, IndexError):
                 self.sink.problems += 1
-        if fetches:
-            self.sink.write_fetches(state["start"], fetches)
+        # A fetch belongs to the iterator whose iter() came last before it: held until the
+        # training process's records have come past its start (a worker's spool can be read
+        # before the iter() that started its epoch reaches the sink).
+        fetches = state["held"] + fetches
+        seen = self.sink.main_seen_ns
+        ready = [f for f in fetches if f[0] <= seen]
+        state["held"] = [f for f in fetches if f[0] > seen]
+        if ready:
+            self.sink.write_fetches(state["start"], ready)
         if state["done"]:
             try:
                 os.remove(path)
@@ -265,6 +280,7 @@ class Sink:
         self._warned: set[str] = set()
         self.problems = 0
         self.getnext_count = 0
+        self.main_seen_ns = 0  # the latest time the training process's records reached
         self._closed = False
         self.uploader = None
         self.staging = None
@@ -366,8 +382,13 @@ class Sink:
         shutil.rmtree(self.config.spool_dir, ignore_errors=True)
         if self.uploader is not None:
             if not self.uploader.finish(self.config.upload_timeout_s):
-                warn(f"uploads to {self.config.out} did not finish in {self.config.upload_timeout_s:.0f} s; "
-                     f"the rest is in {self.staging}")
+                # The job's end waits no longer (an S3 that accepts connections and never answers
+                # held it for minutes): what is not uploaded stays where it is, and is named.
+                local = sorted(dict(self.uploader.local))
+                named = ", ".join(local[:UPLOADS_NAMED]) + (f" and {len(local) - UPLOADS_NAMED} more"
+                                                            if len(local) > UPLOADS_NAMED else "")
+                warn(f"uploads to {self.config.out} did not finish in {self.config.upload_timeout_s:g} s "
+                     f"(--upload-timeout-s); {len(local)} file(s) stayed local in {self.staging}: {named}")
             elif not self.uploader.failed:
                 shutil.rmtree(self.staging, ignore_errors=True)
 
@@ -384,6 +405,7 @@ class Sink:
         loader = self._loader(int(record.get("lid", -iid)))
         cls = str(record.get("cls") or "_BaseDataLoaderIter")
         pid = int(record.get("pid", self.config.main_pid))
+        self.main_seen_ns = max(self.main_seen_ns, int(record.get("t1", 0)))
         if kind == "init":
             start_us, end_us = int(record["t0"]) // 1000, int(record["t1"]) // 1000
             info = _Iterator(iid, cls, loader, pid, record.get("nw"), start_us, loader.batches)
@@ -398,6 +420,10 @@ class Sink:
                     fmt.ARG_ITERATOR_ID: iid,
                     fmt.ARG_STEP: str(loader.batches)}
             self._write_one(self._pid_init, fmt.init_event_name(cls), start_us, end_us, args)
+        elif kind == "end":
+            start_us, end_us = int(record["t0"]) // 1000, int(record["t1"]) // 1000
+            self._write_one(self.trace.phase_pid(fmt.PHASE_EPOCH_END), fmt.epoch_end_event_name(cls), start_us,
+                            end_us, {fmt.ARG_PID: pid, fmt.ARG_ITERATOR_ID: iid})
         elif kind == "adopt":  # an iterator created before the recording started
             self.iterators[iid] = _Iterator(iid, cls, loader, pid, record.get("nw"), None, loader.batches)
 
@@ -450,6 +476,7 @@ class Sink:
                 info.first_pending = False
                 parts.append(self._first_batch_text(info, end_us))
         self.getnext_count += len(records) // protocol.RECORD_FIELDS
+        self.main_seen_ns = max(self.main_seen_ns, records[-2])  # the last record's end
         self.trace.write_events("".join(parts), first_us, last_us)
 
     def _first_batch_text(self, info: _Iterator, end_us: int) -> str:

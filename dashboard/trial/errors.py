@@ -28,6 +28,14 @@ class FileOutsideTrialError(TrialAccessError):
     """
 
 
+class NotAFileError(TrialAccessError):
+    """One file of a trial is not a regular file (a FIFO, a device, a socket): opening a FIFO
+    waits for a writer for ever, and a device such as /dev/zero reads without end.
+
+    Only that file is skipped and reported (for good: it is not a read that may succeed later).
+    """
+
+
 def size_text(count: int) -> str:
     """A byte count for messages: '1.5 MB', '20.0 kB', '512 bytes'."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from .. import format as fmt
 from . import frames
-from .errors import FileOutsideTrialError, NotATrialError, TrialError, TrialTooLargeError, size_text
+from .errors import FileOutsideTrialError, NotAFileError, NotATrialError, TrialError, TrialTooLargeError, size_text
 from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
 from .kineto_format import is_kineto_key, parse_kineto_pieces
 from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, decompress, duration_text,
@@ -35,6 +35,7 @@ Progress = Callable[[int, int], None]
 class SkippedFile:
     path: str
     reason: str
+    transient: bool = False  # a file that may read next time (see ParsedFile.transient)
 
 
 @dataclass
@@ -45,6 +46,12 @@ class LoadReport:
     lines_skipped: int = 0
     # Files read with some lines skipped: (path, reason).
     files_with_skipped_lines: list[SkippedFile] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every file the listing named was read or skipped for good (a bad file, not
+        one missing or unreadable at the moment): only a complete load is worth caching."""
+        return not any(skipped.transient for skipped in self.files_skipped)
 
     def to_dict(self) -> dict:
         return {"read": self.files_read,
@@ -198,8 +205,9 @@ _PARSE_RULES = 2
 
 
 def _file_cache_key(path: str, info: FileInfo) -> str:
-    """Names one version of one file of one trial: a file whose size or version (ETag,
-    mtime) changed is another entry."""
+    """Names one version of one file of one trial (`path`: the store's canonical_path, one
+    name however the trial was spelled): a file whose size or version (ETag, mtime) changed is
+    another entry."""
     identity = f"{path}\0{info.key}\0{info.size}\0{info.version}\0{_PARSE_RULES}".encode()
     return "parsed:" + hashlib.sha256(identity).hexdigest()
 
@@ -210,6 +218,12 @@ def _cached_parse(file_cache: MutableMapping, cache_key: str) -> _ParsedEntry | 
     except Exception:  # noqa: BLE001 - an entry an older version pickled, or a damaged one: read the file
         return None
     return entry if isinstance(entry, _ParsedEntry) else None
+
+
+def _unreadable(exc: OSError) -> ParsedFile:
+    """A file that could not be read now (removed or rewritten since the listing, no permission,
+    an I/O error): skipped, and the load is not complete."""
+    return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}", transient=True)
 
 
 class _Counted:
@@ -241,12 +255,16 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
             guard.add_events(entry.digest, entry.parsed.rows)
             return entry.parsed, entry.digest, None
         try:
-            # Kineto traces run to GBs: read, counted, digested and scanned piece by piece.
-            source = store.iter_chunks(key) if kind == KINETO else store.read(key)
+            # Kineto traces run to GBs: read, counted, digested and scanned piece by piece. No
+            # file is read past the size the listing saw (a growing file, as listed).
+            source = (store.iter_chunks(key, size=info.size) if kind == KINETO
+                      else store.read(key, size=info.size))
         except FileOutsideTrialError:
             return ParsedFile(None, error="refused: links outside the trial folder"), None, None
+        except NotAFileError as exc:
+            return ParsedFile(None, error=f"refused: {exc}"), None, None
         except OSError as exc:
-            return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}"), None, None
+            return _unreadable(exc), None, None
         if kind == KINETO:
             counted = _Counted(source, guard)
             with _PARSE_SLOTS:  # (reading included: the pieces are scanned as they come)
@@ -254,7 +272,7 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
                 try:
                     parsed = parse_kineto_pieces(counted, key)
                 except OSError as exc:
-                    return ParsedFile(None, error=f"cannot read: {exc.strerror or exc}"), None, None
+                    return _unreadable(exc), None, None
             if parsed.error:  # the file may not have been read to its end: no digest of it
                 return parsed, None, None
             digest, nbytes = counted.digest.digest(), counted.nbytes
@@ -340,7 +358,7 @@ def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport) -
 
 def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
                s3_buckets: Sequence[str] | None = None, max_bytes: int | None = None,
-               max_events: int | None = None, threads: int | None = None,
+               max_events: int | None = None, max_files: int | None = None, threads: int | None = None,
                on_progress: Progress | None = None, store: Store | None = None,
                files: list[FileInfo] | None = None, file_cache: MutableMapping | None = None) -> Trial:
     """Read a trial from a local folder or `s3://bucket/prefix`.
@@ -351,13 +369,16 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
 
     max_bytes: refuse (TrialTooLargeError) a trial whose files hold more bytes, as listed
         or once decompressed. max_events: refuse a trial with more framework events and
-        system samples; counted while parsing, so that the load stops early.
+        system samples; counted while parsing, so that the load stops early. max_files: refuse
+        a trial whose listing holds more files (each costs a read and a parse however small).
     file_cache: a mapping (a dict, a diskcache.Cache) that keeps each file's parse between
         loads: a file whose size and version (ETag, mtime) are unchanged is taken from it, not
         read again, so that reloading a running job's trial reads only its new files.
     """
     store = store or open_store(path, roots=roots, s3_client=s3_client, s3_buckets=s3_buckets)
     files = store.list() if files is None else files
+    if max_files is not None and len(files) > max_files:
+        raise TrialTooLargeError(f"{path}: trial holds {len(files):,} files, over the limit of {max_files:,} files")
     if threads is None:
         # Local reads are quick, so more threads than cores only hold more files in memory;
         # S3 reads wait on the network, so they overlap many.
@@ -386,8 +407,8 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     fresh: dict[str, _ParsedEntry] = {}  # parses new to file_cache
     pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(jobs))))
     # A .tmp file is still being written: its next version is another one, never worth keeping.
-    cache_keys = [_file_cache_key(path, info) if file_cache is not None and not info.key.endswith(".tmp")
-                  else None for info, _, _ in jobs]
+    cache_keys = [_file_cache_key(store.canonical_path, info)
+                  if file_cache is not None and not info.key.endswith(".tmp") else None for info, _, _ in jobs]
     futures = [pool.submit(_parse_one, store, info, kind, node, guard, file_cache, cache_key)
                for (info, kind, node), cache_key in zip(jobs, cache_keys)]
     try:
@@ -400,7 +421,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
             if original != info.key:
                 report.files_skipped.append(SkippedFile(info.key, f"duplicate of {original}"))
             elif parsed.error:
-                report.files_skipped.append(SkippedFile(info.key, parsed.error))
+                report.files_skipped.append(SkippedFile(info.key, parsed.error, parsed.transient))
             else:
                 report.files_read += 1
                 if parsed.table is not None:

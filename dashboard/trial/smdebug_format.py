@@ -65,6 +65,9 @@ class ParsedFile:
     lines_skipped: int = 0
     problems: list[str] = field(default_factory=list)  # why lines were skipped
     error: str | None = None  # why the whole file was skipped
+    # The error may pass (the file was removed or rewritten since the listing, or could not be
+    # read): a load that skipped it is not the whole trial the listing names.
+    transient: bool = False
 
     @property
     def rows(self) -> int:

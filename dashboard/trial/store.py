@@ -9,10 +9,11 @@ import hashlib
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
-from .errors import FileOutsideTrialError, TrialAccessError, TrialError, TrialNotFoundError
+from .errors import FileOutsideTrialError, NotAFileError, TrialAccessError, TrialError, TrialNotFoundError
 
 READ_THREADS = 16
 # A large file read in pieces of this size (a Kineto trace of GBs never whole in memory).
@@ -71,8 +72,9 @@ class LocalStore:
         if roots is not None:
             allowed = [os.path.realpath(os.path.expanduser(r)) for r in roots]
             if not any(root == r or root.startswith(r.rstrip(os.sep) + os.sep) for r in allowed):
-                raise TrialAccessError(
-                    f"{path}: outside the allowed data roots ({', '.join(roots) or 'none configured'})")
+                # Named as typed, never with the roots: they tell a visitor the server's layout.
+                raise TrialAccessError(f"{path}: outside the allowed data roots"
+                                       + ("" if roots else " (none configured)"))
         self.roots = roots
         self.root = root
         if not os.path.exists(root):
@@ -82,27 +84,51 @@ class LocalStore:
         # (key, reason) of what the last list() left out: links to folders are not followed.
         self.skipped: list[tuple[str, str]] = []
 
+    @property
+    def canonical_path(self) -> str:
+        """The one name of this trial, however its path was spelled (`/data/x/`, `/data/./x`,
+        `/data//x`, a link to it): what caches key it by, so that each spelling is not a read."""
+        return self.root
+
     def list(self) -> list[FileInfo]:
         files, skipped = [], []
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
-            dirnames.sort()
-            for name in dirnames:
-                full = os.path.join(dirpath, name)
-                if os.path.islink(full):
-                    key = os.path.relpath(full, self.root).replace(os.sep, "/")
-                    target = os.path.realpath(full)
-                    where = "inside" if target.startswith(self.root + os.sep) else "outside"
-                    skipped.append((key, f"a link to a folder {where} the trial folder: not followed"))
-            for name in filenames:
-                full = os.path.join(dirpath, name)
-                key = os.path.relpath(full, self.root).replace(os.sep, "/")
+        # A stack, not os.walk: Python 3.11's os.walk recurses once per folder level, and a
+        # folder 3,000 deep ended the load in a RecursionError.
+        folders = [self.root]
+        while folders:
+            folder = folders.pop()
+            key = os.path.relpath(folder, self.root).replace(os.sep, "/")
+            try:
+                with os.scandir(folder) as scan:
+                    entries = sorted(scan, key=lambda e: e.name)
+            except FileNotFoundError:
+                continue  # removed (rotated) since its parent was listed
+            except OSError as exc:  # no permission, a path over PATH_MAX
+                skipped.append((key, f"cannot list this folder ({exc.strerror or exc})"))
+                continue
+            below = []
+            for entry in entries:
+                key = os.path.relpath(entry.path, self.root).replace(os.sep, "/")
                 try:
-                    st = os.stat(full)
+                    is_folder = entry.is_dir()  # follows links, as os.walk does
                 except OSError:
-                    if not os.path.islink(full):
+                    is_folder = False
+                if is_folder:
+                    if entry.is_symlink():
+                        target = os.path.realpath(entry.path)
+                        where = "inside" if target.startswith(self.root + os.sep) else "outside"
+                        skipped.append((key, f"a link to a folder {where} the trial folder: not followed"))
+                    else:
+                        below.append(entry.path)
+                    continue
+                try:
+                    st = os.stat(entry.path)
+                except OSError:
+                    if not entry.is_symlink():
                         continue  # removed (rotated) between listing and stat
-                    st = os.lstat(full)  # a broken link: listed, so that reading it says why
+                    st = os.lstat(entry.path)  # a broken link: listed, so that reading it says why
                 files.append(FileInfo(key, st.st_size, str(st.st_mtime_ns)))
+            folders.extend(reversed(below))  # depth first, in name order
         self.skipped = skipped
         return files
 
@@ -113,20 +139,68 @@ class LocalStore:
             raise FileOutsideTrialError(f"{key}: links outside the trial folder")
         return full
 
-    def read(self, key: str) -> bytes:
-        with open(self.resolve(key), "rb") as handle:
-            return handle.read()
+    def _open(self, key: str):
+        """The trial's file `key`, open for reading, once it is known to be a regular file."""
+        full = self.resolve(key)
+        # Checked before opening, so that no device is ever opened (opening one can act:
+        # a tape rewinds, a terminal becomes ours); and again after, on what was opened.
+        _refuse_unless_regular(os.stat(full).st_mode)
+        # O_NONBLOCK: a FIFO put in the file's place meanwhile opens at once instead of waiting
+        # for a writer for ever (it changes nothing for a regular file). O_NOCTTY: a terminal
+        # never becomes this process's.
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            _refuse_unless_regular(os.fstat(fd).st_mode)
+            return open(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
 
-    def iter_chunks(self, key: str, chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[bytes]:
-        """The file's bytes, chunk_bytes at a time, for files too large to hold whole. The file
-        is opened (and its path checked) now; reading it may raise OSError later."""
-        handle = open(self.resolve(key), "rb")
+    def read(self, key: str, size: int | None = None) -> bytes:
+        """The file's bytes, at most `size` of them (the size its listing saw: a file that grew
+        since is read as listed, the version the listing's fingerprint names); without `size`,
+        as large as it is now. OSError for a file shorter than `size` (changed since)."""
+        return b"".join(self.iter_chunks(key, chunk_bytes=None, size=size))
+
+    def iter_chunks(self, key: str, chunk_bytes: int | None = READ_CHUNK_BYTES,
+                    size: int | None = None) -> Iterator[bytes]:
+        """The file's bytes, chunk_bytes at a time (None: in one piece), for files too large to
+        hold whole; at most `size` of them, as read() reads. The file is opened (and its path
+        checked) now; reading it may raise OSError later."""
+        handle = self._open(key)
+        bound = os.fstat(handle.fileno()).st_size if size is None else size
 
         def chunks():
             with handle:
-                while chunk := handle.read(chunk_bytes):
-                    yield chunk
+                yield from _read_at_most(handle.read, bound, chunk_bytes)
         return chunks()
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _refuse_unless_regular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+        raise NotAFileError(f"{kind}, not a regular file: not read")
+
+
+class FileChangedError(OSError):
+    """A file holds fewer bytes than its listing saw: rewritten since. Skipped, as a file
+    removed since the listing is; never kept as the version the listing names."""
+
+
+def _read_at_most(read: Callable[[int], bytes], size: int, chunk_bytes: int | None) -> Iterator[bytes]:
+    """`size` bytes from read(n), chunk_bytes at a time (None: in one piece), never asking for
+    more; OSError when they end before `size`."""
+    left = size
+    while left > 0:
+        piece = read(min(chunk_bytes or left, left))
+        if not piece:
+            raise FileChangedError(f"{size - left:,} of the {size:,} bytes listed: changed since the listing")
+        left -= len(piece)
+        yield piece
 
 
 def _s3_client(max_pool_connections: int = READ_THREADS):
@@ -159,6 +233,12 @@ class S3Store:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.client = client or _s3_client()
         self.skipped: list[tuple[str, str]] = []  # (key, reason) left out by the last list()
+
+    @property
+    def canonical_path(self) -> str:
+        """The one name of this trial: `s3://bucket/prefix/` (`s3://b/p` and `s3://b/p/` list
+        the same keys)."""
+        return f"s3://{self.bucket}/{self.prefix}"
 
     def _error(self, exc) -> TrialError:
         from botocore.exceptions import (BotoCoreError, ClientError, NoCredentialsError,
@@ -200,16 +280,19 @@ class S3Store:
         self.skipped = skipped
         return files
 
-    def read(self, key: str) -> bytes:
-        return b"".join(self.iter_chunks(key, chunk_bytes=None))
+    def read(self, key: str, size: int | None = None) -> bytes:
+        """The object's bytes, at most `size` of them (the size its listing saw)."""
+        return b"".join(self.iter_chunks(key, chunk_bytes=None, size=size))
 
-    def iter_chunks(self, key: str, chunk_bytes: int | None = READ_CHUNK_BYTES) -> Iterator[bytes]:
-        """The object's bytes, chunk_bytes at a time (None: in one piece). The request is made
-        now; a connection lost while reading the body raises TrialError later."""
+    def iter_chunks(self, key: str, chunk_bytes: int | None = READ_CHUNK_BYTES,
+                    size: int | None = None) -> Iterator[bytes]:
+        """The object's bytes, chunk_bytes at a time (None: in one piece), at most `size` of
+        them. The request is made now; a connection lost while reading the body raises
+        TrialError later, an object shorter than `size` (replaced since) FileChangedError."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"]
+            response = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 # Removed between listing and reading (a running job's rotation): skip it.
@@ -217,13 +300,14 @@ class S3Store:
             raise self._error(exc) from None
         except (BotoCoreError, OSError) as exc:
             raise self._error(exc) from None
+        body = response["Body"]
+        bound = int(response.get("ContentLength") or 0) if size is None else size
 
         def chunks():
             try:
-                if chunk_bytes is None:
-                    yield body.read()
-                else:
-                    yield from body.iter_chunks(chunk_bytes)
+                yield from _read_at_most(body.read, bound, chunk_bytes)
+            except FileChangedError:
+                raise
             except (BotoCoreError, OSError) as exc:
                 # A connection lost mid-body must fail the load, never skip the file as if gone.
                 raise self._error(exc) from None
@@ -234,10 +318,14 @@ class S3Store:
     def put_file(self, key: str, local_path: str) -> None:
         """Upload a local file as `key` under the trial prefix (the collector's closed files)."""
         from boto3.exceptions import S3UploadFailedError
+        from boto3.s3.transfer import TransferConfig
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self.client.upload_file(local_path, self.bucket, self.prefix + key)
+            # In the calling thread: the transfer's own threads are not daemons, so a process
+            # whose uploads hang on an S3 that never answers could not exit while they wait.
+            self.client.upload_file(local_path, self.bucket, self.prefix + key,
+                                    Config=TransferConfig(use_threads=False))
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc) from None
         except S3UploadFailedError as exc:

@@ -3,8 +3,10 @@
 A trial is cached under a key made of its path and the fingerprint of its listing
 (each file's key, size and ETag or mtime). A load lists the trial first: an unchanged
 trial is served from the cache at once; a trial that changed (a running job wrote or
-rotated files) has a new key and is read again, so it is never served stale. Only
-complete loads are stored; a load that fails raises before anything is written.
+rotated files) has a new key and is read again, so it is never served stale. The path
+in the key is the store's canonical one: `/data/x/` and `/data/./x` are one trial. Only
+complete loads are stored: a load that fails raises before anything is written, and one that
+skipped files missing or unreadable at that moment is shown but not kept as the listing's.
 
 Each file's parse is cached too, by its key, size and version: when a running job adds
 files, a reload reads only those.
@@ -13,8 +15,9 @@ One listing is read (and analyzed) by one process at a time, across all server p
 twenty users opening the same new trial at once wait for one read, and its memory, instead
 of making twenty. A lock entry in the shared cache says who is at it.
 
-The cache folder holds pickles: it must be private to the server (the default is under
-the user's cache directory, created with mode 0700).
+The cache folder holds pickles (unpickling one runs code) and the background jobs' results:
+it is private to the server's user. Its folders are made (or made again) 0700 and its files
+0600, and a folder owned by another user is refused.
 """
 from __future__ import annotations
 
@@ -91,9 +94,48 @@ class _ForkGuard:
 
 FORK_GUARD = _ForkGuard()
 
+PRIVATE_FOLDER, PRIVATE_FILE = 0o700, 0o600
+
+
+def make_private_folder(directory: str) -> None:
+    """Makes `directory` (0700), or checks it: one that others may enter is made private, one
+    owned by another user refused (that user could put a pickle there for the server to load)."""
+    os.makedirs(directory, mode=PRIVATE_FOLDER, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"the cache folder {directory} belongs to another user (uid {info.st_uid}); "
+                              f"give the server a folder of its own")
+    if info.st_mode & 0o077:
+        os.chmod(directory, PRIVATE_FOLDER)  # (a folder made before, or under a loose umask)
+
+
+class _PrivateDisk(diskcache.Disk):
+    """Writes each large value's file 0600 (diskcache leaves it to the umask: 0644)."""
+
+    def store(self, value, read, key=diskcache.core.UNKNOWN):
+        size, mode, filename, db_value = super().store(value, read, key=key)
+        if filename:
+            os.chmod(os.path.join(self._directory, filename), PRIVATE_FILE)
+        return size, mode, filename, db_value
+
 
 class ForkSafeCache(diskcache.Cache):
-    """A diskcache.Cache that no fork interrupts: every transaction and read is inside the guard."""
+    """A diskcache.Cache that no fork interrupts: every transaction and read is inside the guard.
+    Private to this user: its folder 0700, its files 0600."""
+
+    def __init__(self, directory: str, **settings):
+        make_private_folder(directory)
+        database = os.path.join(directory, diskcache.core.DBNAME)
+        # Made here 0600, before SQLite makes it under the umask: SQLite gives its -wal and
+        # -shm files the database's permissions. Only when it does not exist: closing a
+        # descriptor of a database this process has open drops SQLite's POSIX locks on it.
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(database, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, PRIVATE_FILE))
+        for name in (database, database + "-wal", database + "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(name).st_mode & 0o077:
+                    os.chmod(name, PRIVATE_FILE)
+        super().__init__(directory, disk=_PrivateDisk, **settings)
 
     @contextlib.contextmanager
     def _transact(self, retry=False, filename=None):
@@ -132,10 +174,15 @@ def _process_alive(token: str) -> bool:
 
 # A trial cached with other frame columns (an older version of the reader) is another entry.
 _SCHEMA = ",".join(FRAMEWORK_COLUMNS + SYSTEM_COLUMNS)
+# Names the rules entries were kept by (2: only complete loads; before, a load that missed files
+# was kept as the whole listing's): an entry kept by older rules is not taken for one of these.
+_KEEP_RULES = 2
 
 
 def trial_key(path: str, listing_fingerprint: str) -> str:
-    return hashlib.sha256(f"{path}\0{listing_fingerprint}\0{_SCHEMA}".encode()).hexdigest()[:32]
+    """path: the store's canonical_path."""
+    identity = f"{path}\0{listing_fingerprint}\0{_SCHEMA}\0{_KEEP_RULES}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
 class _Memory:
@@ -164,9 +211,10 @@ class _Memory:
 class TrialCache:
     """Trials and their analyses by key: memory, then the shared disk cache."""
 
-    def __init__(self, directory: str, size_limit_mb: int = 2048):
+    def __init__(self, directory: str, size_limit_mb: int = 2048, max_files: int | None = None):
         self.directory = directory
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.max_files = max_files  # trials listing more files are refused (TrialTooLargeError)
+        make_private_folder(directory)
         self.disk = ForkSafeCache(os.path.join(directory, TRIALS_FOLDER),
                                 size_limit=int(size_limit_mb) * 2**20,
                                 eviction_policy="least-recently-used")
@@ -208,11 +256,12 @@ class TrialCache:
         files = store.list()
         if on_listed is not None:
             on_listed(len(files))
-        key = trial_key(path, fingerprint(files))
+        # By the store's one name of the trial: `/data/x/` and `/data/./x` are one read.
+        key = trial_key(store.canonical_path, fingerprint(files))
 
         def read() -> Trial:
             trial = load_trial(path, store=store, files=files, on_progress=on_progress, max_bytes=max_bytes,
-                               max_events=max_events, file_cache=self.disk)
+                               max_events=max_events, max_files=self.max_files, file_cache=self.disk)
             if trial.framework.empty and trial.system.empty:
                 reasons = sorted({s.reason for s in trial.report.files_skipped})
                 raise NotATrialError(
@@ -221,15 +270,24 @@ class TrialCache:
                     + (f" ({'; '.join(reasons[:3])})" if reasons else ""))
             return trial
 
-        trial, cached = self._once(f"trial:{key}", read, on_wait)
+        trial, cached = self._once(f"trial:{key}", read, on_wait, keep=lambda t: t.report.complete)
+        if not trial.report.complete:
+            # Files missing or unreadable just now: the trial is shown, with its skips, under a
+            # key of its own (the page draws it by key), never under the listing's key, so that
+            # the next load (Refresh) reads them again instead of serving this part for good.
+            missing = "\0".join(sorted(s.path for s in trial.report.files_skipped if s.transient))
+            key = trial_key(store.canonical_path, f"{fingerprint(files)}\0partial\0{missing}")
+            self._put(f"trial:{key}", trial)
         return key, trial, cached
 
     def _once(self, name: str, compute: Callable[[], object],
-              on_wait: Callable[[], None] | None = None) -> tuple[object, bool]:
-        """(value, from_cache): the cached value `name`, else compute() stored under it.
+              on_wait: Callable[[], None] | None = None,
+              keep: Callable[[object], bool] | None = None) -> tuple[object, bool]:
+        """(value, from_cache): the cached value `name`, else compute() stored under it (unless
+        keep(value) says it is not worth keeping).
 
         One process computes a name at a time: the others wait for it (calling on_wait once)
-        and take its value, or compute it themselves when it failed.
+        and take its value, or compute it themselves when it failed or was not kept.
         """
         value = self._get(name)
         if value is not None:
@@ -239,7 +297,8 @@ class TrialCache:
             if value is not None:
                 return value, True
             value = compute()
-            self._put(name, value)
+            if keep is None or keep(value):
+                self._put(name, value)
         return value, False
 
     @contextlib.contextmanager

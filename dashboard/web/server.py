@@ -11,22 +11,38 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field
 
 import dash
+import flask
 
 from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
 from .callbacks import Context, register_callbacks
 from .layout import build_layout
-from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_TRIAL_MB, MB, limit
+from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_FILES, DEFAULT_MAX_TRIAL_MB, MB, limit
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_TRIAL = os.path.join(REPO_ROOT, "examples", "sample-trial", "trial")
 ASSETS = os.path.join(REPO_ROOT, "assets")
 TITLE = "DataLoader Profiler"
 MAX_REQUEST_BYTES = 10 * 2**20
+# A page served on loopback answers only to loopback names: a web page elsewhere that points its
+# own name at 127.0.0.1 (DNS rebinding) otherwise reads the dashboard from the visitor's browser.
+LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]", "::1"]
+ANY_HOST = "*"
+# Dash's renderer evaluates code (clientside callbacks, plotly.js) and sets inline styles: scripts
+# need 'unsafe-eval' and 'unsafe-inline', styles 'unsafe-inline'. Everything comes from this
+# server (Dash serves its bundles locally); no page may frame it (clickjacking).
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; "
+                           "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; font-src 'self' data:; "
+                           "connect-src 'self'; worker-src 'self' blob:; object-src 'none'; base-uri 'self'; "
+                           "form-action 'self'; frame-ancestors 'none'")
+SECURITY_HEADERS = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Frame-Options": "DENY",
+                    "X-Content-Type-Options": "nosniff"}
+LOGGED_MESSAGE_CHARS = 200  # of a rejected request's error: a 5 MB field must not reach the log whole
 
 log = logging.getLogger("dashboard.web")
 
@@ -43,6 +59,10 @@ class ServerOptions:
     dev_debug: bool = False
     max_trial_mb: int = DEFAULT_MAX_TRIAL_MB  # 0: no limit
     max_events: int = DEFAULT_MAX_EVENTS  # 0: no limit
+    max_files: int = DEFAULT_MAX_FILES  # 0: no limit
+    # Host header names answered ('*': any); None: the loopback names when `host` is a loopback
+    # address, else any.
+    allowed_hosts: list[str] | None = None
 
     @property
     def max_bytes(self) -> int | None:
@@ -51,6 +71,17 @@ class ServerOptions:
     @property
     def max_events_limit(self) -> int | None:
         return self.max_events or None
+
+    @property
+    def max_files_limit(self) -> int | None:
+        return self.max_files or None
+
+    def host_allow_list(self) -> list[str] | None:
+        """The Host names requests may carry; None: any."""
+        hosts = self.allowed_hosts
+        if hosts is None:
+            hosts = LOOPBACK_HOSTS if _is_loopback(self.host) else [ANY_HOST]
+        return None if ANY_HOST in hosts else list(hosts)
 
     @property
     def default_trial(self) -> str:
@@ -66,11 +97,19 @@ class ServerOptions:
         return [os.path.abspath(os.path.expanduser(r)) for r in roots]
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return False
+
+
 def options_from_args(args) -> ServerOptions:
     return ServerOptions(trial=args.trial, host=args.host, port=args.port, cache_dir=args.cache_dir,
                          cache_size_mb=args.cache_size_mb, data_roots=list(args.data_root or []),
                          s3_buckets=args.s3_bucket, dev_debug=bool(args.dev_debug),
-                         max_trial_mb=args.max_trial_mb, max_events=args.max_events)
+                         max_trial_mb=args.max_trial_mb, max_events=args.max_events,
+                         max_files=args.max_files, allowed_hosts=args.allowed_host)
 
 
 def _split(value: str | None, sep: str) -> list[str]:
@@ -89,27 +128,73 @@ def _limit(environ, name: str, default: int) -> int:
 def options_from_environment(environ=None) -> ServerOptions:
     """DASHBOARD_TRIAL, DASHBOARD_CACHE_DIR, DASHBOARD_CACHE_SIZE_MB, DASHBOARD_DATA_ROOTS
     (os.pathsep-separated), DASHBOARD_S3_BUCKETS (comma-separated), DASHBOARD_MAX_TRIAL_MB,
-    DASHBOARD_MAX_EVENTS (0: no limit). The debugger is never turned on from the environment."""
+    DASHBOARD_MAX_EVENTS, DASHBOARD_MAX_FILES (0: no limit), DASHBOARD_ALLOWED_HOSTS
+    (comma-separated; default any: the app does not know gunicorn's bind). The debugger is never
+    turned on from the environment."""
     environ = os.environ if environ is None else environ
     buckets = _split(environ.get("DASHBOARD_S3_BUCKETS"), ",")
+    hosts = _split(environ.get("DASHBOARD_ALLOWED_HOSTS"), ",")
     return ServerOptions(trial=environ.get("DASHBOARD_TRIAL") or None,
                          cache_dir=environ.get("DASHBOARD_CACHE_DIR") or None,
                          cache_size_mb=int(environ.get("DASHBOARD_CACHE_SIZE_MB") or 2048),
                          data_roots=_split(environ.get("DASHBOARD_DATA_ROOTS"), os.pathsep),
                          s3_buckets=buckets or None,
                          max_trial_mb=_limit(environ, "DASHBOARD_MAX_TRIAL_MB", DEFAULT_MAX_TRIAL_MB),
-                         max_events=_limit(environ, "DASHBOARD_MAX_EVENTS", DEFAULT_MAX_EVENTS))
+                         max_events=_limit(environ, "DASHBOARD_MAX_EVENTS", DEFAULT_MAX_EVENTS),
+                         max_files=_limit(environ, "DASHBOARD_MAX_FILES", DEFAULT_MAX_FILES),
+                         allowed_hosts=hosts or [ANY_HOST])
+
+
+def _clip(text: str) -> str:
+    """A client's text as a short part of one log line: escaped (a newline in a URL or a field
+    would forge a line) and cut (a field of megabytes)."""
+    text = repr(text)[1:-1]
+    return text if len(text) <= LOGGED_MESSAGE_CHARS else text[:LOGGED_MESSAGE_CHARS] + "..."
+
+
+def _log_failed_request(exc_info) -> None:
+    """In place of Flask's log of a request that raised (a malformed callback request, each one
+    a full traceback: a client could flood the log): one line, the traceback at debug level."""
+    log.warning("rejected %s %s (HTTP 500): %s: %s", flask.request.method, _clip(flask.request.path),
+                type(exc_info[1]).__name__, _clip(str(exc_info[1])))
+    log.debug("the traceback of that request", exc_info=exc_info)
+
+
+def _log_failed_callback(exc: Exception) -> None:
+    log.warning("a callback failed, its outputs are left unchanged: %s: %s", type(exc).__name__, _clip(str(exc)))
+    log.debug("the traceback of that callback", exc_info=exc)
+
+
+def _guard(server: flask.Flask, allowed_hosts: list[str] | None) -> None:
+    """The Host check (when allowed_hosts is not None) and the security headers of every response."""
+    from werkzeug.sansio.utils import host_is_trusted
+
+    if allowed_hosts is not None:
+        @server.before_request
+        def check_host():
+            host = flask.request.host
+            if not host_is_trusted(host, allowed_hosts):
+                log.warning("rejected %s %s: Host '%s' is not an allowed host (--allowed-host)",
+                            flask.request.method, _clip(flask.request.path), _clip(host))
+                return "This server does not answer to that host name.\n", 400, {"Content-Type": "text/plain"}
+            return None
+
+    @server.after_request
+    def security_headers(response):
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
 
 
 def create_app(options: ServerOptions) -> dash.Dash:
     cache_dir = os.path.abspath(os.path.expanduser(options.cache_dir or default_cache_dir()))
-    trials = TrialCache(cache_dir, options.cache_size_mb)
+    trials = TrialCache(cache_dir, options.cache_size_mb, max_files=options.max_files_limit)
     jobs = ForkSafeCache(os.path.join(cache_dir, JOBS_FOLDER))
     app = dash.Dash(__name__, title=TITLE, assets_folder=ASSETS, update_title=None,
                     background_callback_manager=dash.DiskcacheManager(jobs),
-                    suppress_callback_exceptions=False,
-                    on_error=lambda exc: log.error("a callback failed; its outputs are left unchanged",
-                                                   exc_info=exc))
+                    suppress_callback_exceptions=False, on_error=_log_failed_callback)
+    app.server.log_exception = _log_failed_request
+    _guard(app.server, options.host_allow_list())
     # Callback requests are small JSON documents; refuse bodies that could only be abuse.
     app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     # A cheap liveness probe for the container's HEALTHCHECK and load balancers.
