@@ -83,7 +83,7 @@ CLASSES = 10
 FAULTS = {
     "latency": dict(num_workers=2, persistent=True, epochs=2, batches=60, sleep_ms=4.0),
     "cpu": dict(num_workers=2, persistent=True, epochs=2, batches=60, spin=40_000),
-    "slow_worker": dict(num_workers=8, persistent=True, epochs=2, batches=72, sleep_ms=2.0,
+    "slow_worker": dict(num_workers=4, persistent=True, epochs=2, batches=72, sleep_ms=2.0,
                         slow_worker_id=1, slow_factor=4.0),
     "startup": dict(num_workers=2, persistent=False, epochs=8, batches=12, sleep_ms=0.1, open_index_s=0.4),
     "clean": dict(num_workers=2, persistent=True, epochs=2, batches=80, sleep_ms=0.1, hidden=2560),

@@ -18,8 +18,9 @@ books, wait_s / training_s, n runs each way, in the configuration of tests/scena
                loaded  8  3.02 [2.58..3.33] / 4.28 [4.07..4.59]  0.65 [0.46..1.15] / 1.79 [1.55..2.72]  workers 4-8
   cpu          quiet   8  2.17 [1.64..5.08] / 3.29 [2.58..7.21]  2.34 [1.26..3.76] / 4.48 [2.48..6.16]  workers 4
                loaded  8  3.89 [2.77..5.74] / 5.76 [4.02..9.21]  2.67 [1.74..3.26] / 5.59 [3.36..6.15]  workers 4
-  slow_worker  quiet   8  1.64 [1.46..1.71] / 2.48 [2.42..2.68]  0.40 [0.37..0.45] / 1.14 [1.06..1.37]  in_order False
-               loaded  3  1.00 [0.66..1.18] / 2.91 [2.79..3.19]  0.80 [0.61..0.91] / 2.28 [2.26..2.45]  in_order False
+  slow_worker  quiet   3  3.99 [3.88..4.02] / 4.75 [4.74..4.75]  1.13 [1.11..1.15] / 1.86 [1.85..1.86]  in_order False
+               loaded  3  3.30 [3.24..3.38] / 4.84 [4.81..4.86]  0.75 [0.67..0.76] / 2.03 [2.02..2.05]  in_order False
+               (4 workers: with 8, as first measured, the loaded runs' compute hid the slow worker)
   startup      quiet   8  3.41 [3.38..3.51] / 4.13 [4.08..4.30]  0.58 [0.52..0.71] / 1.12 [1.00..1.46]  persistent
                loaded  8  3.67 [3.56..3.88] / 5.07 [4.66..5.54]  0.73 [0.69..0.86] / 1.66 [1.54..2.16]  persistent
   clean        quiet   8  0.20 [0.18..0.46] / 2.21 [1.92..3.00]
@@ -29,10 +30,9 @@ books, wait_s / training_s, n runs each way, in the configuration of tests/scena
 
 With both cores busy the compute per batch is 2-3x slower while the sleeps are not, so the
 sleep-based faults shrink against it, and more processes win a larger share of the cores
-from the other load: there the slow_worker fault is weak (wait fraction 0.23..0.42) and its
-fix saves only 16-29 % (quiet: 44-58 %), and doubling the cpu job's workers gains up to 45 %
-(quiet: at most 14 %). The tolerances below are set from these numbers; where the loaded runs
-fall outside one, its comment says so.
+from the other load: doubling the cpu job's workers gains up to 45 % (quiet: at most 14 %),
+which the model predicts (see CPU_GAIN_TOLERANCE). The tolerances below are set from these
+numbers; where the loaded runs fall outside one, its comment says so.
 """
 from __future__ import annotations
 
@@ -81,31 +81,36 @@ TRAINING_TOLERANCE_PER_EPOCH_S = 5e-3
 # to 0.11 from the median of their condition (latency quiet 0.34..0.53 around 0.44, loaded
 # 0.27..0.46 around 0.35; slow_worker quiet 0.30..0.39 around 0.34; startup quiet
 # 0.46..0.56, loaded 0.40..0.46), and the prediction starts from one planted run, whose own
-# fraction lay 0.05 (0.08 slow_worker) from its median quiet. 0.15 covers the two; a
-# prediction that misses what the fix leaves (the delivery cost of every batch, the first
-# round's start-up, the queueing of the steady state) by more fails.
-WAIT_FRACTION_TOLERANCE = 0.15
+# fraction lay 0.05 (0.08 slow_worker) from its median quiet. Quiet, predictions missed by at
+# most 0.07 (slow_worker, 3 repeats) to 0.11 (latency). With both cores busy the re-run
+# waits more and computes less than the planted run (its training time is still predicted
+# within 10 %): the loaded slow_worker re-runs' fraction was 0.15..0.21 above the prediction,
+# latency's 0.18 in a loaded suite run. 0.25 is that worst with room; a prediction that
+# leaves out what the fix keeps (the delivery cost of every batch, the first round's
+# start-up, the queueing of the steady state) misses by more (0.3 to 0.6 here) and fails.
+WAIT_FRACTION_TOLERANCE = 0.25
 # A prediction's training time vs the re-run's books (relative). What a predictor can know is
 # the re-run's training relative to its planted run; over the repeated pairs with the same
 # change that ratio lay within 27 % of its condition's median (latency quiet 0.22..0.34
-# around 0.30, loaded 0.37..0.42 for 6 workers, 0.48..0.63 for 4; slow_worker quiet
-# 0.42..0.56 around 0.45, loaded 0.71..0.84; startup quiet 0.25..0.34 around 0.27, loaded
+# around 0.30, loaded 0.37..0.42 for 6 workers, 0.48..0.63 for 4; slow_worker (4 workers)
+# quiet 0.39, loaded 0.42; startup quiet 0.25..0.34 around 0.27, loaded
 # 0.31..0.39 around 0.33). 35 % is 1.3x that; with the planted runs training 2-4x as long as
 # the fixed ones (quiet), a prediction of half the saving or less fails.
 TRAINING_RELATIVE_TOLERANCE = 0.35
 # The re-run must show the fix, else comparing the prediction with it says nothing: fixed /
-# planted training was at most 0.34 (latency), 0.56 (slow_worker), 0.34 (startup) quiet;
-# loaded 0.63, 0.84 (2 of 3 slow_worker runs above 0.75: too busy a machine) and 0.39.
+# planted training was at most 0.34 (latency), 0.39 (slow_worker, 4 workers), 0.34 (startup)
+# quiet; loaded 0.63, 0.42 and 0.39.
 FIXED_TRAINING_RATIO_MAX = 0.75
-# CPU-bound samples on saturated cores: "more workers gain little". The share of training
-# time that doubling the workers saves, measured as the better of two planted runs against
-# the better of two re-runs (a single pair is at the mercy of the machine's other load:
-# single pairs gained -0.85..+0.29 quiet). Quiet, the better-of-two gain was 0.00-0.14 in 6
-# repeats; loaded it was -0.06..+0.45 (2 of 4 above 0.30: against two `yes`, 4 workers take
-# a larger share of the cores than 2 do). The analysis' prediction gained -0.03..+0.01.
-# 0.30 is twice the quiet worst, and the latency fix saves 66-78 %: a model that took these
-# workers for latency-bound ones (twice the workers, half the wait) predicts 0.3 or more.
-CPU_GAIN_TOLERANCE = 0.30
+# CPU-bound samples on saturated cores: doubling the workers gains what the model predicts
+# (on a saturated host the scheduler shares the cores between runnable threads: more workers
+# take cores from the main process and from other processes). The gain is measured as the
+# better of two planted runs against the better of two re-runs (a single pair is at the
+# mercy of the machine's other load). In 2 + 2 repeats (2 cores, 4 workers for 2): quiet,
+# predicted -0.07 / -0.07 against measured +0.03 / +0.05; with two `yes`, predicted 0.17 /
+# 0.16 against measured 0.21 / 0.18. 0.20 is the worst difference (0.12) with room for the
+# measured gain's own spread; a model that took these workers for latency-bound ones (twice
+# the workers, half the wait) predicts a gain of 0.5 or more and fails.
+CPU_GAIN_TOLERANCE = 0.20
 # Alike workers in lock-step: the trap the pairing job sets is that the waits fall on one
 # worker's batches (first in line each round, worker 0's unless the load shifts the phase)
 # although both fetch alike. Measured: that worker's median wait was 38-122x the other's
@@ -333,7 +338,7 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
         predicted, fixed.books["training_s"])
 
 
-def test_more_workers_gain_little_when_the_cores_are_saturated(jobs):
+def test_more_workers_gain_what_the_model_predicts_when_the_cores_are_saturated(jobs):
     planted = jobs.planted("cpu")
     workers = planted.books["settings"]["num_workers"]
     change = {"num_workers": 2 * workers}
@@ -343,13 +348,12 @@ def test_more_workers_gain_little_when_the_cores_are_saturated(jobs):
     assert what_if.now["wait_fraction"] == pytest.approx(planted.wait_fraction, abs=fraction_tolerance(planted))
     assert what_if.now["training_s"] == pytest.approx(planted.books["training_s"], abs=training_tolerance_s(planted))
     predicted_gain = 1 - what_if.predicted["training_s"] / what_if.now["training_s"]
-    assert abs(predicted_gain) <= CPU_GAIN_TOLERANCE, what_if
 
     # Measured: the better of two runs each way (see CPU_GAIN_TOLERANCE).
     planted_s = min(planted.books["training_s"], jobs.run("cpu").books["training_s"])
     doubled_s = min(jobs.run("cpu", change).books["training_s"] for _ in range(2))
     measured_gain = 1 - doubled_s / planted_s
-    assert measured_gain <= CPU_GAIN_TOLERANCE, (planted_s, doubled_s)
+    assert predicted_gain == pytest.approx(measured_gain, abs=CPU_GAIN_TOLERANCE), (what_if, planted_s, doubled_s)
 
     # The JSON form of the what-ifs: the contract's keys, today's numbers as what_if() has them.
     for item in planted.result.to_dict()["what_if"]:

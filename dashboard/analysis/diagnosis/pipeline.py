@@ -113,6 +113,8 @@ class PipelineModel:
     mean_latency_us: float = 0.0
     mean_cpu_us: float = 0.0
     mean_compute_us: float = 0.0
+    main_cores: float = 0.0  # the main process's use of the cores in training
+    other_cores: float = 0.0  # other processes' use of the host's cores in training
     contention: float | None = None  # (cpu + run-queue wait) / cpu of the fetches, measured
     # The main process's compute beyond its steady compute in the first batches after each
     # start of new workers (forking them slows the parent: copy-on-write faults, the new
@@ -127,18 +129,37 @@ class PipelineModel:
     def compact(self) -> "PipelineModel":
         return compact(self)
 
+    def cores_for(self, workers: int) -> float | None:
+        """The cores `workers` workers get. On a saturated host the scheduler shares the
+        cores between runnable threads: more workers take a larger share from the main
+        process and from other processes (each wanting the cores it uses now). Anchored
+        to the share today's workers got."""
+        if self.cores_for_workers is None:
+            return None
+        today = max(self.settings.num_workers, 1)
+        if workers == today or not self.cores:
+            return self.cores_for_workers
+        demand = self.mean_cpu_us / max(self.mean_cpu_us + self.mean_latency_us, 1e-9)  # runnable share
+
+        def share(count: int) -> float:
+            return count * demand / max(count * demand + self.other_cores + self.main_cores, 1e-9)
+
+        scaled = self.cores_for_workers * share(workers) / max(share(today), 1e-9)
+        return max(MIN_WORKER_CORES, min(scaled, self.cores - self.main_cores))
+
     def stretch(self, workers: int) -> float:
         """How much the computing part of a fetch stretches with `workers` workers."""
         cpu, latency = self.mean_cpu_us, self.mean_latency_us
-        if workers <= 0 or self.cores_for_workers is None or cpu <= 0:
+        cores = self.cores_for(workers)
+        if workers <= 0 or cores is None or cpu <= 0:
             return 1.0
         consume = self.mean_compute_us + self.delivery_us
         # Workers deliver at most W / service batches per second, and the main process
         # takes at most 1 / (compute + delivery); the cores bound the workers to A / cpu.
         rate = min(workers / max(latency + cpu, 1e-9), 1.0 / consume if consume > 0 else np.inf)
-        if rate * cpu <= self.cores_for_workers:
+        if rate * cpu <= cores:
             return 1.0
-        per_worker = workers * cpu / self.cores_for_workers  # each worker's wall per batch
+        per_worker = workers * cpu / cores  # each worker's wall per batch
         return max(1.0, (per_worker - latency) / cpu)
 
 
@@ -356,6 +377,9 @@ def build(loader: Loader, node: Node) -> PipelineModel:
             used = workers * float(np.sum(cpu)) / float(np.sum(service))
             free = used if contention is not None and contention > CONTENDED else max(free, used)
         cores_for_workers = max(MIN_WORKER_CORES, free)
+    other_cores = 0.0
+    if cores and util is not None:
+        other_cores = max(0.0, util / 100.0 * cores - (worker_cores or 0.0) - main_cores)
 
     model = PipelineModel(
         settings=settings, delivery_us=float(delivery), service_measured=measured, cpu_measured=cpu_measured,
@@ -363,7 +387,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
         runq_us=runq if contention is not None else np.full(n, np.nan), ready_known=ready_known, recreated=recreated, startup_us=startup,
         replay_segments=np.zeros(0, dtype=np.int64), replay_scale=1.0,
-        latency_base_us=np.zeros(0), cpu_base_us=np.zeros(0))
+        latency_base_us=np.zeros(0), cpu_base_us=np.zeros(0), main_cores=main_cores, other_cores=other_cores)
     # The unstretched parts at speed 1: today's service = (latency + cpu x stretch) x speed.
     per_speed = speed[worker] if workers else np.ones(n)
     base = service / per_speed

@@ -4,6 +4,7 @@ Reads the budget's `throughput` and `main_process` parts; the worker count is th
 smallest the what-if finds to give nearly all of the best saving."""
 from __future__ import annotations
 
+from ..budget import CPU_SATURATED_PERCENT
 from ..verdict import MODERATELY_INPUT_BOUND_PERCENT
 from .base import LoaderContext, Recommendation, predicted_text, seconds_text
 
@@ -86,13 +87,16 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
            if budget.bound == "cpu" else "what limits the workers is not recorded")
     if budget.evidence.get("bound_estimated") and budget.bound != "unknown":
         why += ", estimated from the host's CPU use"
-    if chosen is None or not ctx.worth(chosen.saving_s) or chosen.saving_s < MEANINGFUL_SHARE * part:
+    # Computing workers on a saturated host: whatever more workers gain, they take from the
+    # main process and the host's other processes; the fix is cheaper samples.
+    saturated = budget.bound == "cpu" and cpu is not None and cpu >= CPU_SATURATED_PERCENT
+    if saturated or chosen is None or not ctx.worth(chosen.saving_s) or chosen.saving_s < MEANINGFUL_SHARE * part:
         if budget.bound == "cpu":
             doubled = ctx.predict({"num_workers": 2 * workers})
             text = (f"{loader.label} on {ctx.node.node}: the workers cannot keep up "
                     f"({seconds_text(part)} of steady waiting) and the CPUs are the limit ({host}; {why}): "
-                    f"more workers will not help." + predicted_text(doubled).replace(
-                        "Predicted:", f"Predicted with num_workers={2 * workers}:")
+                    f"more workers will not help, or only by taking cores from the other processes on it."
+                    + predicted_text(doubled).replace("Predicted:", f"Predicted with num_workers={2 * workers}:")
                     + " Make per-sample work cheaper (decode smaller images, lighter augmentation, a faster "
                     "decoder), cache decoded or preprocessed samples, or move decoding and augmentation to "
                     "the GPU (e.g. NVIDIA DALI, `torchvision.io.decode_jpeg(device='cuda')`).")
