@@ -35,10 +35,7 @@ from . import protocol
 from .identity import identify
 
 MAX_BUFFERED_RECORDS = 5_000_000  # 160 MB: a sink that cannot keep up loses records instead
-# How long a job's end waits for its last S3 uploads (a file a minute rotates, so few are left;
-# each takes well under a second on a working S3). An S3 that accepts connections and never
-# answers held a finished job for minutes; past this the files stay local, named in a warning.
-DEFAULT_UPLOAD_TIMEOUT_S = 30.0
+DEFAULT_UPLOAD_TIMEOUT_S = protocol.DEFAULT_UPLOAD_TIMEOUT_S  # see there
 
 
 class CollectorWarning(RuntimeWarning):

@@ -28,6 +28,11 @@ WORKER_UNKNOWN = -2
 WORKER_BITS = 16
 MAX_WORKER_ID = (1 << WORKER_BITS) - 3
 MAX_FRAME = 64 << 20
+# How long a job's end waits for its last S3 uploads (a file a minute rotates, so few are left;
+# each takes well under a second on a working S3). An S3 that accepts connections and never
+# answers held a finished job for minutes; past this the files stay local, named in a warning.
+# The training process and its sink share it.
+DEFAULT_UPLOAD_TIMEOUT_S = 30.0
 _LITTLE = sys.byteorder == "little"
 
 

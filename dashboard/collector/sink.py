@@ -75,7 +75,7 @@ class SinkConfig:
     system_interval_s: float | None = 0.5
     gpu: bool = True
     tick_s: float = 0.5
-    upload_timeout_s: float = 30.0  # collector.DEFAULT_UPLOAD_TIMEOUT_S
+    upload_timeout_s: float = protocol.DEFAULT_UPLOAD_TIMEOUT_S
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -230,10 +230,10 @@ class _Spool:
         # A fetch belongs to the iterator whose iter() came last before it: held until the
         # training process's records have come past its start (a worker's spool can be read
         # before the iter() that started its epoch reaches the sink).
-        fetches = state["held"] + fetches
         seen = self.sink.main_seen_ns
-        ready = [f for f in fetches if f[0] <= seen]
-        state["held"] = [f for f in fetches if f[0] > seen]
+        ready, state["held"] = [], []
+        for fetch in state["held"] + fetches:
+            (ready if fetch[0] <= seen else state["held"]).append(fetch)
         if ready:
             self.sink.write_fetches(state["start"], ready)
         if state["done"]:

@@ -235,7 +235,7 @@ def _run_queue_reader():
     from Linux's /proc/thread-self/schedstat (its second field), or -1 where there is none.
     One pread of a small file: a few microseconds, in the worker only."""
     try:
-        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
         os.pread(fd, 128, 0).split()[1]
     except (OSError, IndexError, AttributeError):
         return lambda: -1

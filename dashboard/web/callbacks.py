@@ -295,7 +295,11 @@ def register_callbacks(app, context: Context) -> None:
         try:
             view = get_view(context, store["key"], node)
             try:
-                shown, message = views.what_if_view(view, change, loader), ""
+                # A replay per loader: each change once per trial, node and loader (a field
+                # fires on every keystroke, and users go back and forth).
+                name = f"what-if:{store['key']}:{node or ''}:{loader or ''}:{sorted(change.items())}"
+                shown = context.cache.memo(name, lambda: views.what_if_view(view, change, loader))
+                message = ""
             except ValueError as exc:  # a bad setting: the library's words; today's bars only
                 shown, message = views.what_if_view(view, {}, loader), str(exc)
         except TrialEvicted:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..analysis import dataloader
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
-from ..analysis.diagnosis import PARTS, Assessment, LoaderBudget, Recommendation, WhatIf
+from ..analysis.diagnosis import PARTS, WHAT_IF_KEYS, Assessment, LoaderBudget, Recommendation, WhatIf
 from ..analysis.diagnosis.findings.base import predicted_text
 from ..api import TrialAnalysis
 from ..report import NOT_RECORDED_WORDS, PART_WORDS, iso_utc, not_recorded_anywhere
@@ -469,7 +469,6 @@ def _finding(item: Recommendation, assessment: Assessment) -> dict:
 
 # --- the wait budget and the what-if ----------------------------------------------------------
 
-WHAT_IF_KEYS = ("num_workers", "prefetch_factor", "in_order", "persistent_workers")
 # Where a click on a budget bar finds its window: customdata[2], customdata[3] (epoch us).
 BUDGET_WINDOW_AT = (2, 3)
 MAX_BUDGET_ROWS = 24  # loaders drawn at most (those waiting most): a node's own view has them all

@@ -27,7 +27,7 @@ from .pipeline import PipelineModel, build, infer_workers
 from .verdict import (CLASS_HIGHLY, CLASS_MODERATELY, CLASS_NOT, HIGHLY_INPUT_BOUND_PERCENT,
                       MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, node_verdict,
                       trial_verdict)
-from .what_if import WhatIf, parse as parse_what_if, predict, validate as validate_what_if
+from .what_if import KEYS as WHAT_IF_KEYS, WhatIf, parse as parse_what_if, predict, validate as validate_what_if
 
 
 @dataclass
@@ -153,6 +153,6 @@ def verdict(framework: pd.DataFrame) -> Verdict:
 
 
 __all__ = ["Assessment", "LoaderBudget", "PARTS", "Recommendation", "Verdict", "WhatIf", "assess",
-           "classify_input_percent", "parse_what_if", "validate_what_if", "verdict", "CLASS_HIGHLY",
+           "classify_input_percent", "parse_what_if", "validate_what_if", "verdict", "WHAT_IF_KEYS", "CLASS_HIGHLY",
            "CLASS_MODERATELY", "CLASS_NOT", "HIGHLY_INPUT_BOUND_PERCENT", "MODERATELY_INPUT_BOUND_PERCENT",
            "MIN_SHARE_OF_JOB"]
