@@ -21,21 +21,13 @@ import pandas as pd
 
 from . import findings as finding_modules
 from . import loaders as loaders_module
-from .budget import PARTS, LoaderBudget, budget as loader_budget
-from .findings import MAX_LISTED, MIN_SHARE_OF_JOB, ORDER, LoaderContext, Recommendation
+from .budget import PARTS, LoaderBudget, budget as loader_budget, unmodelled_budget
+from .findings import MAX_LISTED, MIN_SHARE_OF_JOB, LoaderContext, Recommendation, rank
 from .pipeline import PipelineModel, build, infer_workers
 from .verdict import (CLASS_HIGHLY, CLASS_MODERATELY, CLASS_NOT, HIGHLY_INPUT_BOUND_PERCENT,
                       MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, node_verdict,
                       trial_verdict)
 from .what_if import KEYS as WHAT_IF_KEYS, WhatIf, parse as parse_what_if, predict, validate as validate_what_if
-
-
-@dataclass
-class _Replayable:
-    """What a later what-if needs of a loader: its budget and its compact model."""
-    budget: LoaderBudget
-    model: PipelineModel | None
-    loader: object  # the Loader without its GetNext frame (see _slim)
 
 
 @dataclass
@@ -45,13 +37,15 @@ class Assessment:
     recommendations: list[Recommendation]
     budget: list[LoaderBudget] = field(default_factory=list)
     what_if: list[WhatIf] = field(default_factory=list)
-    _replayable: list[_Replayable] = field(default_factory=list, repr=False)
+    # Per budget, in its order: the compact pipeline model a later what-if replays (None:
+    # the loader cannot be replayed).
+    models: list[PipelineModel | None] = field(default_factory=list, repr=False)
 
     def predict(self, change: dict) -> list[WhatIf]:
         """The what-if of `change` (e.g. {"num_workers": 8, "in_order": False}) for every
         training loader. ValueError names a bad key or value."""
         change = validate_what_if(change)
-        return [predict(item.loader, item.model, item.budget, change) for item in self._replayable]
+        return [predict(model, item, change) for model, item in zip(self.models, self.budget)]
 
 
 def _merge_nodes(found: list[Recommendation]) -> list[Recommendation]:
@@ -71,7 +65,7 @@ def _merge_nodes(found: list[Recommendation]) -> list[Recommendation]:
                                   + ", ".join(others[:MAX_LISTED]) + ".",
                                   {**head.evidence, "nodes": nodes}, head.saving_s, head.change, head.predicted)
         merged.append(head)
-    merged.sort(key=lambda r: (r.saving_s is None, -(r.saving_s or 0.0), ORDER.index(r.id)))
+    merged.sort(key=rank)
     return merged
 
 
@@ -83,7 +77,7 @@ def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float 
     found: list[Recommendation] = []
     budgets: list[LoaderBudget] = []
     asked: list[WhatIf] = []
-    replayable: list[_Replayable] = []
+    models: list[PipelineModel | None] = []
     for node in nodes:
         node.verdict = node_verdict(node)
         for loader in node.loaders:
@@ -93,18 +87,18 @@ def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float 
                     loader = dataclasses.replace(loader, num_workers=inferred, num_workers_inferred=True)
             replays = loader.num_workers is not None
             model = build(loader, node) if replays else None
-            item = loader_budget(node, loader, model) if model is not None else _unmodelled_budget(node, loader)
+            item = loader_budget(node, loader, model) if model is not None else unmodelled_budget(node, loader)
             budgets.append(item)
 
-            def what_if(change, loader=loader, model=model, item=item):
-                return predict(loader, model, item, change)
+            def what_if(change, model=model, item=item):
+                return predict(model, item, change)
 
             ctx = LoaderContext(node, loader, model, item, what_if)
             found += finding_modules.find(ctx)
             asked += ctx.asked
-            replayable.append(_Replayable(item, model.compact() if model is not None else None, _slim(loader)))
+            models.append(model.compact() if model is not None else None)
     return Assessment(trial_verdict(nodes), {n.node: n.verdict for n in nodes}, _merge_nodes(found), budgets,
-                      _unique(asked), replayable)
+                      _unique(asked), models)
 
 
 def _unique(items: list[WhatIf]) -> list[WhatIf]:
@@ -115,36 +109,6 @@ def _unique(items: list[WhatIf]) -> list[WhatIf]:
             seen.add(key)
             out.append(item)
     return out
-
-
-def _slim(loader):
-    import copy
-
-    slim = copy.copy(loader)
-    slim.__dict__["calls"] = loader.calls.iloc[0:0]
-    slim.__dict__.pop("wait_us", None)
-    slim.__dict__.pop("segments", None)
-    return slim
-
-
-def _unmodelled_budget(node, loader) -> LoaderBudget:
-    """A loader whose worker count the trial does not record (Kineto): its wait is split
-    into the first batch of each iterator and the rest; no worker can be named."""
-    from .budget import loader_training_us
-
-    calls = loader.calls
-    wait = float(calls["duration_us"].sum())
-    firsts = calls["index"].to_numpy() == 0
-    steady = calls["duration_us"].to_numpy()[~firsts]
-    median = float(pd.Series(steady).median()) if len(steady) else 0.0
-    startup = float((calls["duration_us"].to_numpy()[firsts] - median).clip(min=0).sum())
-    parts = dict.fromkeys(PARTS, 0.0)
-    parts["startup"] = round(startup / 1e6, 6)
-    parts["throughput"] = round((wait - startup) / 1e6, 6)
-    return LoaderBudget(loader.node, loader.label, round(loader_training_us(node, loader) / 1e6, 6),
-                        round(wait / 1e6, 6), parts, "unknown",
-                        {"batches": int(len(calls)), "iterators": int(loader.segments), "num_workers": None,
-                         "note": "num_workers is not recorded: the pipeline model cannot be replayed"})
 
 
 def verdict(framework: pd.DataFrame) -> Verdict:

@@ -33,7 +33,7 @@ import numpy as np
 from scipy import stats
 
 from .loaders import Loader, Node, merge
-from .pipeline import READY_SLACK_US, PipelineModel, replay_waits
+from .pipeline import READY_SLACK_US, PipelineModel
 
 PARTS = ("startup", "throughput", "imbalance", "tail", "main_process", "residual")
 # A steady batch is a tail batch when it waits this many times its worker's steady wait,
@@ -70,6 +70,7 @@ class LoaderBudget:
     evidence: dict = field(default_factory=dict)
     slow_worker: int | None = None
     windows: dict = field(default_factory=dict)  # part -> [(start_us, end_us), ...] to show it
+    tail_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the tail's batches
 
     @property
     def largest(self) -> str:
@@ -219,6 +220,7 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
             imbalance = float(np.sum(np.maximum(np.minimum(g, base)[mine] - others, 0.0)))
             on_tail = tail_mask & mine  # its stalls, when they are what makes it slow
             if not model.service_measured and "p_value" in slow_evidence:
+                tail_mask = tail_mask & ~on_tail
                 imbalance += float(np.sum(excess[on_tail]))
                 parts["tail"] -= float(np.sum(excess[on_tail]))
                 steady_wait += float(np.sum(excess[on_tail]))
@@ -244,8 +246,26 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
     seconds = {k: round(v / 1e6, 6) for k, v in parts.items()}
     # Rounding must not break the sum: the residual takes the rounding.
     seconds["residual"] = round(round(wait / 1e6, 6) - sum(v for k, v in seconds.items() if k != "residual"), 6)
+    tail_rows = np.flatnonzero(tail_mask) if workers else np.zeros(0, dtype=np.int64)
     return LoaderBudget(loader.node, loader.label, round(training_us / 1e6, 6), round(wait / 1e6, 6), seconds,
-                        bound, evidence, slow, windows)
+                        bound, evidence, slow, windows, tail_rows)
+
+
+def unmodelled_budget(node: Node, loader: Loader) -> LoaderBudget:
+    """A loader whose worker count the trial does not record (Kineto): its wait is split
+    into the first batch of each iterator and the rest; no worker can be named."""
+    calls = loader.calls
+    waits = calls["duration_us"].to_numpy(dtype=np.float64)
+    firsts = calls["index"].to_numpy() == 0
+    median = float(np.median(waits[~firsts])) if (~firsts).any() else 0.0
+    startup = float(np.maximum(waits[firsts] - median, 0.0).sum())
+    parts = dict.fromkeys(PARTS, 0.0)
+    parts["startup"] = round(startup / 1e6, 6)
+    parts["throughput"] = round((loader.wait_us - startup) / 1e6, 6)
+    return LoaderBudget(loader.node, loader.label, round(loader_training_us(node, loader) / 1e6, 6),
+                        round(loader.wait_us / 1e6, 6), parts, "unknown",
+                        {"batches": int(len(calls)), "iterators": int(loader.segments), "num_workers": None,
+                         "note": "num_workers is not recorded: the pipeline model cannot be replayed"})
 
 
 def _residual(model: PipelineModel, g: np.ndarray, throughput: float, steady: np.ndarray) -> float:
@@ -256,7 +276,7 @@ def _residual(model: PipelineModel, g: np.ndarray, throughput: float, steady: np
     order or not; the first round (k < num_workers) is start-up in both."""
     if throughput <= 0 or not len(model.replay_segments):
         return 0.0
-    waits = replay_waits(model, model.settings)
+    waits = model.today_waits
     chosen = np.isin(model.segment, model.replay_segments)
     steady_chosen = steady & chosen
     if not steady_chosen.any():

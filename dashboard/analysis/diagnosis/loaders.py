@@ -52,7 +52,6 @@ class Loader:
     # worker_id, segment, index (within the iterator), iterator_id, compute_us (the main
     # process's time from this GetNext's end to the next one's start; NaN for the last).
     calls: pd.DataFrame
-    inits: int  # initializations seen for it
     num_workers_inferred: bool = False  # not recorded: read from the period of its stalls
 
     @property
@@ -85,10 +84,6 @@ class Loader:
     def wait_us(self) -> float:
         return float(self.calls["duration_us"].sum())
 
-    def settings(self) -> dict:
-        """The DataLoader settings the what-if can change, as they were."""
-        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor,
-                "in_order": self.in_order, "persistent_workers": self.persistent}
 
 
 @dataclass
@@ -338,7 +333,7 @@ def _loaders(node: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.n
             pin_memory=_optional(first["pin_memory"], bool), persistent=persistent,
             persistent_recorded=recorded is not None, prefetch_factor=prefetch,
             in_order=True if in_order is None else in_order,
-            calls=group.drop(columns=["loader"]), inits=init_count))
+            calls=group.drop(columns=["loader"])))
     out.sort(key=lambda loader: -loader.wait_us)
     return out
 

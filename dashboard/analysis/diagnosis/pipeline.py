@@ -101,7 +101,6 @@ class PipelineModel:
     compute_us: np.ndarray
     service_us: np.ndarray  # as served today (NaN for a single-process loader: wait_us)
     runq_us: np.ndarray  # of it, queueing for a core (NaN: not measured)
-    ready_known: np.ndarray  # its ready time is known (waited for, or fetch recorded)
     recreated: np.ndarray  # per segment: its workers were started by it
     startup_us: np.ndarray  # per segment x worker (num_workers columns): start-up latency
     # the replay's inputs (a sample of the segments)
@@ -121,6 +120,9 @@ class PipelineModel:
     # processes taking the cores): what persistent workers also save, per start.
     startup_compute_us: float = 0.0
     today_us: float = 0.0  # the replay's total wait under today's settings
+    # ...and per replayed segment, each next()'s (the budget's residual reads it; a compact
+    # model drops it)
+    today_waits: list = dataclasses.field(default_factory=list)
 
     @property
     def batches(self) -> int:
@@ -210,10 +212,10 @@ def infer_workers(loader: Loader) -> int | None:
 def compact(model: PipelineModel) -> PipelineModel:
     """The model with only the batches the replay reads (a what-if later, from a cache)."""
     keep = np.isin(model.segment, model.replay_segments)
-    per_batch = ("segment", "index", "worker", "wait_us", "compute_us", "service_us", "runq_us", "ready_known",
+    per_batch = ("segment", "index", "worker", "wait_us", "compute_us", "service_us", "runq_us",
                  "latency_base_us", "cpu_base_us")
     values = {name: getattr(model, name)[keep] for name in per_batch}
-    return dataclasses.replace(model, **values)
+    return dataclasses.replace(model, **values, today_waits=[])
 
 
 def _median(values) -> float | None:
@@ -288,7 +290,6 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     service = np.full(n, np.nan)
     cpu = np.full(n, np.nan)
     runq = np.full(n, np.nan)
-    ready_known = np.zeros(n, dtype=bool)
     startup = np.zeros((segments, max(workers, 1)))
 
     measured = False
@@ -305,7 +306,6 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         delivery = _median(wait[ready_before]) if ready_before.any() else None
         if delivery is None:
             delivery = _delivery_from_waits(wait)
-        ready_known = np.isfinite(fetch_end)
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
         for w in range(workers):
@@ -324,14 +324,14 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     else:
         delivery = _delivery_from_waits(wait)
     if workers and not measured:
-        service, ready_known, startup = _inferred_service(
+        service, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
             workers * loader.prefetch_factor, first_ask, recreated)
     if workers:
         # Batches without a measured or inferred service: their worker's median, else all.
         overall = _median(service) or 0.0
         if not measured:
-            overall = _unwaited_service(service, worker, workers, compute, delivery, overall)
+            _fill_unwaited_service(service, worker, workers, compute, delivery, overall)
         for w in range(workers):
             mine = (worker == w) & ~np.isfinite(service)
             if mine.any():
@@ -385,7 +385,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         settings=settings, delivery_us=float(delivery), service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
-        runq_us=runq if contention is not None else np.full(n, np.nan), ready_known=ready_known, recreated=recreated, startup_us=startup,
+        runq_us=runq if contention is not None else np.full(n, np.nan), recreated=recreated, startup_us=startup,
         replay_segments=np.zeros(0, dtype=np.int64), replay_scale=1.0,
         latency_base_us=np.zeros(0), cpu_base_us=np.zeros(0), main_cores=main_cores, other_cores=other_cores)
     # The unstretched parts at speed 1: today's service = (latency + cpu x stretch) x speed.
@@ -410,7 +410,8 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     model.contention = contention
     model.startup_compute_us = _startup_compute(compute, segment, index, recreated) if workers else 0.0
     model.replay_segments, model.replay_scale = _sample(segment, segments)
-    model.today_us = replay(model, settings)
+    model.today_waits = replay_waits(model, settings)
+    model.today_us = _total(model, model.today_waits)
     return model
 
 
@@ -469,11 +470,11 @@ def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers,
         med = _median(service[worker == w]) or med_all or 0.0
         seg = segment[mine]
         startup[seg, w] = np.where(recreated[seg], np.maximum(ready[mine] - first_ask[seg] - med, 0.0), 0.0)
-    return service, ready_known, startup
+    return service, startup
 
 
-def _unwaited_service(service, worker, workers, compute, delivery, overall) -> float:
-    """The service assumed for workers whose batches were never waited for.
+def _fill_unwaited_service(service, worker, workers, compute, delivery, overall) -> None:
+    """Fills in the service of workers whose batches were never waited for.
 
     Under in-order delivery alike workers leave the waits on the worker first in line
     (worker 0: each epoch starts the cycle there); the ones behind it are as fast, their
@@ -483,13 +484,12 @@ def _unwaited_service(service, worker, workers, compute, delivery, overall) -> f
     that does not over-promise what out-of-order delivery would give)."""
     known = [bool(np.isfinite(service[worker == w]).any()) for w in range(workers)]
     if known[0] or not any(known):
-        return overall
+        return
     just_enough = workers * (float(np.median(compute)) + delivery) if len(compute) else overall
     fast = min(overall, just_enough)
     for w in range(workers):
         if not known[w]:
             service[worker == w] = fast
-    return overall
 
 
 def _sample(segment: np.ndarray, segments: int) -> tuple[np.ndarray, float]:
@@ -567,7 +567,11 @@ def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, deliver
 
 def replay(model: PipelineModel, settings: Settings) -> float:
     """The model's total wait (us) over all of the loader's batches under `settings`."""
-    return float(sum(float(np.sum(w)) for _, w in replay_waits(model, settings))) * model.replay_scale
+    return _total(model, replay_waits(model, settings))
+
+
+def _total(model: PipelineModel, waits: list[tuple[int, np.ndarray]]) -> float:
+    return float(sum(float(np.sum(w)) for _, w in waits)) * model.replay_scale
 
 
 def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndarray]]:

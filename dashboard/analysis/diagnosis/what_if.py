@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .budget import LoaderBudget
-from .loaders import Loader
 from .pipeline import PipelineModel, replay
 
 # Bounds a user can ask for: torch accepts more, no host has use for them.
@@ -108,7 +107,7 @@ def _fraction(wait_s: float, training_s: float) -> float:
     return round(wait_s / training_s, 6) if training_s > 0 else 0.0
 
 
-def predict(loader: Loader, model: PipelineModel | None, budget: LoaderBudget, change: dict) -> WhatIf:
+def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> WhatIf:
     change = validate(change)
     now = {"wait_fraction": _fraction(budget.wait_s, budget.training_s), "training_s": budget.training_s}
     if model is None:

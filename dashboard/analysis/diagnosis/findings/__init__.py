@@ -11,12 +11,17 @@ ORDER = ("use_workers", "cpu_saturated", "more_workers", "persistent_workers", "
          "storage_bound", "startup", "pin_memory")
 
 
+def rank(item: Recommendation) -> tuple:
+    """Findings' order: the largest saving first, then those without one, by cause."""
+    return item.saving_s is None, -(item.saving_s or 0.0), ORDER.index(item.id)
+
+
 def find(ctx: LoaderContext) -> list[Recommendation]:
     """The loader's findings, their savings capped so that together they never exceed its
     wait: a change's prediction alone can count seconds another change also removes."""
     found = [item for module in MODULES for item in module.find(ctx)]
     found = _storage_explains_tail(found)
-    found.sort(key=lambda r: (r.saving_s is None, -(r.saving_s or 0.0), ORDER.index(r.id)))
+    found.sort(key=rank)
     left = ctx.budget.wait_s
     capped = []
     for item in found:
@@ -46,4 +51,4 @@ def _storage_explains_tail(found: list[Recommendation]) -> list[Recommendation]:
     return [merged if item is storage_item else item for item in found if item is not tail_item]
 
 
-__all__ = ["LoaderContext", "Recommendation", "find", "ORDER", "MAX_LISTED", "MIN_SHARE_OF_JOB"]
+__all__ = ["LoaderContext", "Recommendation", "find", "rank", "ORDER", "MAX_LISTED", "MIN_SHARE_OF_JOB"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..budget import TAIL_FACTOR, TAIL_MIN_US
+from ..budget import TAIL_FACTOR
 from .base import LoaderContext, Recommendation, batch_list, predicted_text, seconds_text
 
 
@@ -30,11 +30,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     else:
         best = None
         fix = " No DataLoader setting hides them (the model tried deeper prefetch, more workers, out-of-order)."
-    steady = np.asarray(budget.evidence.get("steady_wait_s") or [0.0]) * 1e6  # us, as the waits
-    threshold = model.wait_us > np.maximum(TAIL_FACTOR * steady[np.maximum(model.worker, 0)],
-                                           steady[np.maximum(model.worker, 0)] + TAIL_MIN_US)
-    threshold &= model.index >= workers
-    rows = np.flatnonzero(threshold)
+    rows = budget.tail_rows  # the budget's own tail batches
     rows = rows[np.argsort(-model.wait_us[rows], kind="stable")]
     text = (f"Slow samples: {len(rows)} batches of {loader.label} on {ctx.node.node} wait far beyond their "
             f"worker's steady wait (over {TAIL_FACTOR:g}x it), {seconds_text(part)} in all; the longest "

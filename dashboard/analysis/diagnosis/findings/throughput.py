@@ -41,7 +41,7 @@ def _search(ctx: LoaderContext, workers: int):
     if best <= 0:
         return None, tried
     chosen = next(t for t in tried if t.saving_s >= NEAR_BEST * best)
-    ctx.asked.append(chosen)
+    ctx.asked.append(chosen)  # the one the finding stands on, of the many tried
     return chosen, tried
 
 
