@@ -231,8 +231,8 @@ class _Spool:
         # training process's records have come past its start (a worker's spool can be read
         # before the iter() that started its epoch reaches the sink).
         seen = self.sink.main_seen_ns
-        ready, state["held"] = [], []
-        for fetch in state["held"] + fetches:
+        waiting, ready, state["held"] = state["held"] + fetches, [], []
+        for fetch in waiting:
             (ready if fetch[0] <= seen else state["held"]).append(fetch)
         if ready:
             self.sink.write_fetches(state["start"], ready)
