@@ -1,10 +1,14 @@
 # The dashboard under gunicorn. Same install steps as the README; no test dependencies.
 FROM python:3.11-slim
 
+# The page answers to the names of the host's loopback, where the README publishes the port (a
+# page elsewhere that points its own name there is refused: DNS rebinding); published under
+# another name, set DASHBOARD_ALLOWED_HOSTS to it.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     DASHBOARD_CACHE_DIR=/cache \
-    DASHBOARD_DATA_ROOTS=/data
+    DASHBOARD_DATA_ROOTS=/data \
+    DASHBOARD_ALLOWED_HOSTS=localhost,127.0.0.1,[::1]
 
 WORKDIR /app
 COPY requirements.txt .
@@ -29,4 +33,7 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
 
 # Inside the container the app must listen on all interfaces; publish the port on the
 # host's loopback (docker run -p 127.0.0.1:8050:8050) unless it is meant to be shared.
-CMD ["gunicorn", "--workers", "3", "--threads", "4", "--timeout", "120", "--bind", "0.0.0.0:8050", "app:server"]
+# The worker class reads each request whole before a thread runs it: slow clients cannot hold
+# the threads (dashboard/serving.py).
+CMD ["gunicorn", "--worker-class", "dashboard.serving.BufferingWorker", "--workers", "3", "--threads", "4", \
+     "--timeout", "120", "--bind", "0.0.0.0:8050", "app:server"]

@@ -1,7 +1,9 @@
 """Entry point.
 
     python app.py [serve] [--trial PATH] [--host 127.0.0.1] [--port 8050] ...
-    python app.py analyze TRIAL [--json] [--node NODE] [--what-if num_workers=8,in_order=false ...]
+    python app.py analyze TRIAL [--json] [--node HOST] [--rank N] [--what-if num_workers=8,in_order=false ...]
+    python app.py compare A B [--json]        (B against A: deltas, findings, predicted vs achieved)
+    python app.py export TRIAL --start-us S --end-us E -o window.json   (a Chrome/Perfetto trace)
     gunicorn app:server          (configured through DASHBOARD_* environment variables)
 """
 from __future__ import annotations
@@ -27,9 +29,24 @@ def _analyze(args) -> int:
     except ValueError as exc:
         print(f"error: --what-if: {exc}", file=sys.stderr)
         return 2
+    file_cache = None
+    if args.cache_dir:
+        from dashboard.trial.columnar_cache import ColumnarFileCache
+
+        try:
+            file_cache = ColumnarFileCache(args.cache_dir)
+        except OSError as exc:
+            print(f"error: --cache-dir: {exc}", file=sys.stderr)
+            return 2
     try:
-        result = analyze(args.trial, node=args.node, outlier_factor=args.outlier_factor,
-                         max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files)
+        dask_client = None
+        if args.dask_scheduler:
+            from dashboard.trial.dask_cluster import connect
+
+            dask_client = connect(args.dask_scheduler)
+        result = analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor,
+                         max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files,
+                         file_cache=file_cache, dask_client=dask_client)
     except TrialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -49,13 +66,90 @@ def _analyze(args) -> int:
     return 0
 
 
+def _write(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _load_or_fail(path: str, load):
+    """load(path), or (None, exit status) with a one-line message on stderr."""
+    from dashboard.trial.errors import TrialError
+
+    try:
+        return load(path), 0
+    except TrialError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, 2
+    except KeyboardInterrupt:
+        return None, 130
+    except Exception as exc:  # a bug of ours: still one line, no traceback for the user
+        print(f"error: {path}: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None, 3
+
+
+def _compare(args) -> int:
+    from dashboard import analyze
+    from dashboard.api import compare
+    from dashboard.report import compare_dict, compare_text
+
+    limits = dict(max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files)
+    results = []
+    for path in (args.a, args.b):
+        result, status = _load_or_fail(path, lambda p: analyze(p, **limits))
+        if result is None:
+            return status
+        results.append(result)
+    comparison, status = _load_or_fail(args.b, lambda _: compare(*results))
+    if comparison is None:
+        return status
+    if args.json:
+        _write(json.dumps(compare_dict(*results, comparison), allow_nan=False) + "\n")
+    else:
+        _write(compare_text(*results, comparison) + "\n")
+    return 0
+
+
+def _export(args) -> int:
+    from dashboard import load_trial
+    from dashboard.analysis.trace_export import chrome_trace
+
+    if args.end_us <= args.start_us:
+        print("error: --end-us must be after --start-us", file=sys.stderr)
+        return 2
+    limits = dict(max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files)
+    trial, status = _load_or_fail(args.trial, lambda p: load_trial(p, **limits))
+    if trial is None:
+        return status
+    text = json.dumps(chrome_trace(trial.framework, trial.system, args.start_us, args.end_us), allow_nan=False)
+    if args.output == "-":
+        _write(text + "\n")
+        return 0
+    try:
+        with open(args.output, "w") as handle:
+            handle.write(text + "\n")
+    except OSError as exc:
+        print(f"error: {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_limits(parser) -> None:
+    parser.add_argument("--max-bytes", type=int, help="refuse trials larger than this many bytes")
+    parser.add_argument("--max-events", type=int, help="refuse trials with more events than this")
+    parser.add_argument("--max-files", type=int, help="refuse trials with more files than this")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="app.py", description="DataLoader Profiler Dashboard")
     sub = parser.add_subparsers(dest="command")
     analyze = sub.add_parser("analyze", help="print the DataLoader analysis of a trial")
     analyze.add_argument("trial", help="trial path: a local folder or s3://bucket/prefix")
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
-    analyze.add_argument("--node", help="only this node (framework node id or host, e.g. algo-1)")
+    analyze.add_argument("--node", help="only this host (e.g. algo-1), or one process by its id (e.g. 3-algo-1)")
+    analyze.add_argument("--rank", type=int, help="only this training rank")
     analyze.add_argument("--outlier-factor", type=float, default=2.0,
                          help="an outlier is a value above this x the median (default 2)")
     analyze.add_argument("--what-if", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
@@ -64,6 +158,24 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-bytes", type=int, help="refuse trials larger than this many bytes")
     analyze.add_argument("--max-events", type=int, help="refuse trials with more events than this")
     analyze.add_argument("--max-files", type=int, help="refuse trials with more files than this")
+    analyze.add_argument("--dask-scheduler", metavar="tcp://HOST:8786",
+                         help="read and parse the trial's files as tasks of this dask.distributed scheduler's "
+                              "workers (they read S3 with their own credentials; pip install -r "
+                              "requirements-dask.txt); default: DASHBOARD_DASK_SCHEDULER, else here")
+    analyze.add_argument("--cache-dir", help="keep each file's parse as Arrow columns in this folder: the next "
+                         "analyze of the trial reads them instead of the JSON (files that changed are read again)")
+    compare = sub.add_parser("compare", help="compare run B with run A: what changed, and did it do what "
+                                             "A's what-if predicted")
+    compare.add_argument("a", help="the run before the change: a local folder or s3://bucket/prefix")
+    compare.add_argument("b", help="the run after it")
+    compare.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_limits(compare)
+    export = sub.add_parser("export", help="write a window of a trial as a Chrome/Perfetto JSON trace")
+    export.add_argument("trial", help="trial path: a local folder or s3://bucket/prefix")
+    export.add_argument("--start-us", type=int, required=True, help="window start, epoch microseconds")
+    export.add_argument("--end-us", type=int, required=True, help="window end, epoch microseconds")
+    export.add_argument("-o", "--output", required=True, help="the trace file to write; - for stdout")
+    _add_limits(export)
     from dashboard.web.options import add_serve_arguments
 
     serve = sub.add_parser("serve", help="serve the dashboard (the default)")
@@ -78,6 +190,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "analyze":
         return _analyze(args)
+    if args.command == "compare":
+        return _compare(args)
+    if args.command == "export":
+        return _export(args)
     from dashboard.web.server import serve
 
     return serve(args)

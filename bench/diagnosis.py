@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from stats import spread  # noqa: E402  (bench/, the script's own folder)
+from stats import child_runs, spread  # noqa: E402  (bench/, the script's own folder)
 from trials import cached_trial  # noqa: E402
 
 SIZES = {"300000": dict(epochs=10, train_batches=30_000), "3000000": dict(epochs=10, train_batches=300_000),
@@ -74,11 +73,7 @@ def main() -> int:
         started = time.perf_counter()
         folder = make_trial(size)
         print(f"{size}: trial ready in {time.perf_counter() - started:.1f} s ({folder})", flush=True)
-        runs = []
-        for _ in range(args.runs):
-            out = subprocess.run([sys.executable, __file__, "--child", folder], capture_output=True, text=True,
-                                 check=True).stdout
-            runs.append(json.loads(out.strip().splitlines()[-1]))
+        runs = child_runs(__file__, folder, args.runs)
         last = runs[-1]
         print(f"  {last['getnext']:,} GetNext; findings {last['findings']}; budget {last['parts']} "
               f"of {last['wait_s']} s; what-if num_workers=8 -> {last['predicted']}")

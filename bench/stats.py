@@ -23,3 +23,16 @@ def spread_iqr(values, digits: int = 3) -> str:
     half = 1.96 * statistics.stdev(ordered) / len(ordered) ** 0.5 if len(ordered) > 1 else float("nan")
     return (f"{statistics.median(ordered):.{digits}f} (IQR {q1:.{digits}f}..{q3:.{digits}f}; "
             f"mean {mean:.{digits}f} +- {half:.{digits}f})")
+
+
+def child_runs(script: str, folder: str, runs: int) -> list[dict]:
+    """`runs` fresh processes of `script --child folder`, each printing one JSON line last."""
+    import json
+    import subprocess
+    import sys
+
+    out = []
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, script, "--child", folder], capture_output=True, text=True, check=True)
+        out.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return out

@@ -9,18 +9,19 @@ import shutil
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def cached_trial(name: str, **write_options) -> str:
-    """The folder of a `dashboard.synthetic.write_trial(folder, **write_options)` trial."""
+def cached_trial(name: str, writer: str = "write_trial", **write_options) -> str:
+    """The folder of a `dashboard.synthetic.<writer>(folder, **write_options)` trial (write_trial,
+    or write_job for a job of many ranks)."""
     import dashboard.collector.writer
     import dashboard.synthetic
 
     version = hashlib.sha256(b"".join(open(module.__file__, "rb").read() for module in (
-        dashboard.synthetic, dashboard.collector.writer)) + repr(sorted(write_options.items())).encode()).hexdigest()
+        dashboard.synthetic, dashboard.collector.writer)) + repr((writer, sorted(write_options.items()))).encode()).hexdigest()
     folder = os.path.join(HERE, "out", name)
     marker = os.path.join(folder, ".complete")
     if not os.path.exists(marker) or open(marker).read() != version:
         shutil.rmtree(folder, ignore_errors=True)
-        dashboard.synthetic.write_trial(folder, **write_options)
+        getattr(dashboard.synthetic, writer)(folder, **write_options)
         with open(marker, "w") as out:
             out.write(version)
     return folder

@@ -22,7 +22,8 @@ class TrialAnalysis:
     """A trial and every analysis of it."""
     trial: Trial
     dataloader: DataLoaderAnalysis
-    node: str | None = None
+    node: str | None = None  # the host or process it is scoped to (None: the job)
+    rank: int | None = None
 
     @property
     def initialization(self):
@@ -42,8 +43,8 @@ class TrialAnalysis:
 
     @cached_property
     def assessment(self) -> diagnosis.Assessment:
-        """Input-bound verdict (trial and per node), wait budgets and recommendations,
-        computed once."""
+        """Input-bound verdict (trial, per host, per process), wait budgets and
+        recommendations, computed once."""
         return diagnosis.assess(self.trial.framework, self.trial.system,
                                        self.dataloader.outlier_factor)
 
@@ -56,12 +57,16 @@ class TrialAnalysis:
         return self.assessment.nodes_verdict
 
     @property
+    def processes_verdict(self) -> dict[str, diagnosis.Verdict]:
+        return self.assessment.processes_verdict
+
+    @property
     def recommendations(self) -> list[diagnosis.Recommendation]:
         return self.assessment.recommendations
 
     @property
     def budget(self) -> list[diagnosis.LoaderBudget]:
-        """Per training loader per node: where its wait went, in parts that add up."""
+        """Per training loader per process: where its wait went, in parts that add up."""
         return self.assessment.budget
 
     def what_if(self, change: dict | str) -> list[diagnosis.WhatIf]:
@@ -82,11 +87,22 @@ class TrialAnalysis:
         return to_dict(self)
 
 
-def analyze(trial: Trial | str, *, node: str | None = None,
+def analyze(trial: Trial | str, *, node: str | None = None, rank: int | None = None,
             outlier_factor: float = DEFAULT_OUTLIER_FACTOR, **load_options) -> TrialAnalysis:
-    """Analyze a trial (a loaded Trial or a path, read with `load_trial(path, **load_options)`)."""
+    """Analyze a trial (a loaded Trial or a path, read with `load_trial(path, **load_options)`),
+    or the part of it on one host or process (`node`: a host or a process id) or of one `rank`."""
     if isinstance(trial, str):
         trial = load_trial(trial, **load_options)
-    part = trial.for_node(node)
+    part = trial.for_node(node, rank)
     return TrialAnalysis(trial=part, dataloader=dataloader.analyze(part.framework, outlier_factor),
-                         node=node)
+                         node=node, rank=rank)
+
+
+def compare(a: TrialAnalysis | Trial | str, b: TrialAnalysis | Trial | str, **load_options):
+    """Run B against run A (A: before the change): the deltas, the settings that changed, the
+    findings resolved, remaining or new, and A's what-if for B's settings against what B
+    measured (dashboard.analysis.compare.Comparison). `report.compare_dict` is its JSON."""
+    from .analysis.compare import Side, compare as compare_sides
+
+    a, b = (item if isinstance(item, TrialAnalysis) else analyze(item, **load_options) for item in (a, b))
+    return compare_sides(Side(a.assessment, a.trial.framework), Side(b.assessment, b.trial.framework))

@@ -78,6 +78,10 @@ ARG_CPU_US = "cpu_us"
 # told apart from waiting on storage or the network
 ARG_RUNQ_US = "runq_us"
 ARG_START_TIME = "start_time_since_epoch_in_micros"
+# collector init events: the process's training rank and local rank, when the job is
+# distributed (the node id's number alone cannot say whether it is a rank or a pid)
+ARG_RANK = "rank"
+ARG_LOCAL_RANK = "local_rank"
 
 # Layout of a trial.
 FRAMEWORK_DIR = "framework"

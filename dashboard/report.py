@@ -4,11 +4,11 @@ from __future__ import annotations
 from . import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
 
 import math
-from datetime import datetime, timezone
 
 import pandas as pd
 
 from .api import TrialAnalysis
+from .display import duration_s, duration_us, iso_utc  # noqa: F401  (iso_utc: the report's moments, re-exported)
 
 
 def _num(value):
@@ -32,6 +32,10 @@ def _records(frame: pd.DataFrame, spec: dict) -> list[dict]:
     return out
 
 
+def _int_or_none(value):
+    return None if value is None or pd.isna(value) else int(value)
+
+
 def _bool_or_none(value):
     return None if value is None or pd.isna(value) else bool(value)
 
@@ -48,7 +52,10 @@ def _jsonable(value):
 
 
 def verdict_dict(verdict) -> dict:
-    return {"input_percent": _num(verdict.input_percent), "class": verdict.class_, "basis": verdict.basis}
+    return {"input_percent": _num(verdict.input_percent), "class": verdict.class_, "basis": verdict.basis,
+            # the seconds the percentage is of (null without a verdict: nothing was timed)
+            **{key: None if verdict.input_percent is None else _num(getattr(verdict, key))
+               for key in ("getnext_s", "training_s")}}
 
 
 def recommendation_dict(item) -> dict:
@@ -58,7 +65,7 @@ def recommendation_dict(item) -> dict:
 
 
 def budget_dict(item) -> dict:
-    return {"node": item.node, "loader": item.loader, "training_s": _num(item.training_s),
+    return {"node": item.node, "process": item.process, "loader": item.loader, "training_s": _num(item.training_s),
             "wait_s": _num(item.wait_s), "parts": {k: _num(v) for k, v in item.parts.items()},
             "bound": item.bound, "evidence": _jsonable(item.evidence),
             "windows": {part: [{"start_us": s, "end_us": e} for s, e in spans]
@@ -66,17 +73,22 @@ def budget_dict(item) -> dict:
 
 
 def what_if_dict(item) -> dict:
-    return {"node": item.node, "loader": item.loader, "change": _jsonable(item.change),
+    return {"node": item.node, "process": item.process, "loader": item.loader, "change": _jsonable(item.change),
             "now": _jsonable(item.now), "predicted": _jsonable(item.predicted), "note": item.note}
 
 
 def not_recorded_anywhere(trial) -> bool:
-    """True when no node's profiler recorded what `trial.not_recorded` names (a Kineto-only
+    """True when no process's profiler recorded what `trial.not_recorded` names (a Kineto-only
     trial): counts of those are unknown (null), not zero."""
     if not trial.not_recorded:
         return False
-    framework_nodes = {str(n) for n in trial.framework["node"].unique()}
-    return framework_nodes <= set(trial.kineto_nodes)
+    framework_processes = {str(n) for n in trial.framework["process"].unique()}
+    return framework_processes <= set(trial.kineto_processes)
+
+
+def process_dict(process) -> dict:
+    return {"node": process.node, "pid": process.pid, "rank": process.rank, "local_rank": process.local_rank,
+            "id": process.id}
 
 
 def to_dict(result: TrialAnalysis, what_if: list[dict] | tuple = ()) -> dict:
@@ -87,20 +99,25 @@ def to_dict(result: TrialAnalysis, what_if: list[dict] | tuple = ()) -> dict:
     duration = {"start_us": ("start_us", int), "end_us": ("end_us", int),
                 "duration_us": ("duration_us", lambda v: _num(float(v)))}
     unknown = not_recorded_anywhere(trial)
+    processes = trial.processes
+    where = {"node": ("node", str), "rank": ("rank", _int_or_none), "pid": ("pid", _int)}
     return {
         "trial": trial.path,
         "format": trial.format,
         "verdict": verdict_dict(result.verdict),
         "nodes_verdict": {node: verdict_dict(v) for node, v in result.nodes_verdict.items()},
+        "processes_verdict": {process: verdict_dict(v) for process, v in result.processes_verdict.items()},
         "recommendations": [recommendation_dict(r) for r in result.recommendations],
         "budget": [budget_dict(b) for b in result.budget],
         "what_if": [{**what_if_dict(w), "asked": True} for change in what_if for w in result.what_if(change)]
         + [{**what_if_dict(w), "asked": False} for w in result.assessment.what_if],
         # What the trial's profiler did not record (Kineto: no iterator creation, no worker
-        # processes, no worker ids), and on which nodes.
+        # processes, no worker ids), and by which processes, on which hosts.
         "not_recorded": list(trial.not_recorded),
-        "not_recorded_nodes": list(trial.kineto_nodes),
-        "nodes": trial.nodes,
+        "not_recorded_processes": list(trial.kineto_processes),
+        "not_recorded_nodes": sorted({p.node for p in processes if p.id in trial.kineto_processes}),
+        "nodes": trial.nodes,  # the hosts
+        "processes": [process_dict(p) for p in processes],
         "files": trial.report.to_dict(),
         "lines_skipped": trial.report.lines_skipped,
         "lines_skipped_in": [{"path": f.path, "reason": f.reason}
@@ -113,40 +130,38 @@ def to_dict(result: TrialAnalysis, what_if: list[dict] | tuple = ()) -> dict:
                 "pin_memory": ("pin_memory", _bool_or_none), "count": ("count", int),
                 "median_us": ("median_us", lambda v: _num(float(v))),
                 "max_us": ("max_us", lambda v: _num(float(v)))}),
-            "outliers": _records(init.outliers, {**duration, "node": ("node", str), "pid": ("pid", _int),
-                                                 "type": ("type", str)}),
+            "outliers": _records(init.outliers, {**duration, **where, "type": ("type", str)}),
         },
         "workers": {
             "count": None if unknown else workers.count, "median_us": _num(workers.median_us),
             "max_us": _num(workers.max_us),
-            "outliers": _records(workers.outliers, {**duration, "worker_id": ("worker_id", _int),
-                                                    "pid": ("pid", _int), "node": ("node", str)}),
+            "outliers": _records(workers.outliers, {**duration, "worker_id": ("worker_id", _int), **where}),
         },
         "getnext": {
             "count": getnext.count, "median_us": _num(getnext.median_us), "max_us": _num(getnext.max_us),
-            "outliers": _records(getnext.outliers, {**duration, "worker_id": ("worker_id", _int),
-                                                    "pid": ("pid", _int), "node": ("node", str)}),
+            "outliers": _records(getnext.outliers, {**duration, "worker_id": ("worker_id", _int), **where}),
         },
         "batchtime": {
             "count": batch.count, "median_s": _num(batch.median_s),
             "outliers": _records(batch.outliers, {
                 "start_us": ("start_us", int), "end_us": ("end_us", int),
-                "batch_time_s": ("batch_time_s", float), "pid": ("pid", _int), "node": ("node", str),
-                "worker_id": ("worker_id", _int)}),
+                "batch_time_s": ("batch_time_s", float), **where, "worker_id": ("worker_id", _int)}),
         },
     }
 
 
-def iso_utc(us: int | None) -> str:
-    """Epoch microseconds as ISO-8601 UTC with microseconds."""
-    if us is None:
-        return "-"
-    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat(timespec="microseconds").replace(
-        "+00:00", "Z")
+def saving_text(saving_s: float | None) -> str:
+    """A finding's saving, as the report and the page write it ("" when it has none)."""
+    return "" if saving_s is None else f"saves about {duration_s(saving_s)}"
 
 
-def _stat(value, unit):
-    return "-" if value is None else f"{value:,.0f} {unit}" if unit == "us" else f"{value:.4f} {unit}"
+def prediction_text(now: dict | None, then: dict, arrow: str = "->") -> str:
+    """'waiting 81.6 % -> 74.0 % of training, training 18.98 s -> 13.44 s' (without today's
+    numbers when they are not known)."""
+    if now is None:
+        return f"waiting {100 * then['wait_fraction']:.1f} % of training, training {duration_s(then['training_s'])}"
+    return (f"waiting {100 * now['wait_fraction']:.1f} % {arrow} {100 * then['wait_fraction']:.1f} % of training, "
+            f"training {duration_s(now['training_s'])} {arrow} {duration_s(then['training_s'])}")
 
 
 CLASS_WORDS = {"highly": "highly input-bound", "moderately": "moderately input-bound",
@@ -172,44 +187,65 @@ def _percent(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f} %" if whole > 0 else "-"
 
 
+def _who(row: dict) -> str:
+    """The process of an outlier: 'rank 3 (pid 812) on algo-2', or 'pid 812 on algo-2'."""
+    rank = f"rank {row['rank']} (pid {row['pid']})" if row.get("rank") is not None else f"pid {row['pid']}"
+    return f"{rank} on {row['node']}"
+
+
+def _where(data: dict, item: dict) -> str:
+    """A budget's or a what-if's process as the text names it: its host, and its rank (else
+    pid) where the host has several processes."""
+    process = next((p for p in data["processes"] if p["id"] == item["process"]), None)
+    if process is None or sum(p["node"] == item["node"] for p in data["processes"]) <= 1:
+        return item["node"]
+    return f"{item['node']} " + (f"rank {process['rank']}" if process["rank"] is not None else f"pid {process['pid']}")
+
+
 def _budget_lines(data: dict) -> list[str]:
     """Where the wait went, per training loader."""
     lines = []
     for item in data["budget"]:
         lines.append("")
-        lines.append(f"Wait budget of {item['loader']} on {item['node']}: {item['wait_s']:.2f} s of "
-                     f"{item['training_s']:.2f} s of training ({_percent(item['wait_s'], item['training_s'])}); "
-                     f"{BOUND_WORDS[item['bound']]}")
+        lines.append(f"Wait budget of {item['loader']} on {_where(data, item)}: {duration_s(item['wait_s'])} of "
+                     f"{duration_s(item['training_s'])} of training "
+                     f"({_percent(item['wait_s'], item['training_s'])}); {BOUND_WORDS[item['bound']]}")
         for part, seconds in sorted(item["parts"].items(), key=lambda kv: -abs(kv[1])):
             if abs(seconds) >= 0.0005:
-                lines.append(f"  {PART_WORDS[part]:<20} {seconds:8.2f} s  {_percent(seconds, item['training_s']):>7}"
-                             " of training")
+                lines.append(f"  {PART_WORDS[part]:<20} {duration_s(seconds):>10}  "
+                             f"{_percent(seconds, item['training_s']):>7} of training")
     asked = [w for w in data["what_if"] if w["change"] and w.get("asked")]
     for item in asked:
         change = ", ".join(f"{k}={v}" for k, v in item["change"].items())
         if item["predicted"] is None:
-            lines.append(f"What if {change} ({item['loader']} on {item['node']}): {item['note']}")
+            lines.append(f"What if {change} ({item['loader']} on {_where(data, item)}): {item['note']}")
             continue
-        now, then = item["now"], item["predicted"]
-        lines.append(f"What if {change} ({item['loader']} on {item['node']}): waiting "
-                     f"{100 * now['wait_fraction']:.1f} % -> {100 * then['wait_fraction']:.1f} %, training "
-                     f"{now['training_s']:.2f} s -> {then['training_s']:.2f} s")
+        lines.append(f"What if {change} ({item['loader']} on {_where(data, item)}): "
+                     + prediction_text(item["now"], item["predicted"]))
     return lines
 
 
 def _summary_lines(data: dict, result: TrialAnalysis) -> list[str]:
     """The verdict and the findings: what the report says first."""
     lines = [f"Verdict: {verdict_text(result.verdict)}"]
-    if len(result.nodes_verdict) > 1:
+    processes = {p["id"]: p for p in data["processes"]}
+    if len(result.nodes_verdict) > 1 or len(result.processes_verdict) > 1:
         for node, verdict in result.nodes_verdict.items():
             percent = "-" if verdict.input_percent is None else f"{verdict.input_percent:.1f} %"
             lines.append(f"  {node}: {percent} {CLASS_WORDS.get(verdict.class_, '')}")
+            for process_id, own in result.processes_verdict.items():
+                process = processes.get(process_id)
+                if process is None or process["node"] != node or len(result.processes_verdict) <= 1:
+                    continue
+                who = f"rank {process['rank']}" if process["rank"] is not None else f"pid {process['pid']}"
+                percent = "-" if own.input_percent is None else f"{own.input_percent:.1f} %"
+                lines.append(f"    {who}: {percent} {CLASS_WORDS.get(own.class_, '')}")
     lines += _budget_lines(data)
     findings = data["recommendations"]
     lines.append("")
     lines.append(f"Findings: {len(findings)}" if findings else "Findings: none (nothing to change)")
     for number, item in enumerate(findings, 1):
-        saving = "" if item["saving_s"] is None else f" [saves about {item['saving_s']:.2f} s]"
+        saving = "" if item["saving_s"] is None else f" [{saving_text(item['saving_s'])}]"
         lines.append(f"  {number}. ({item['id']}){saving} {item['text']}")
     if data["not_recorded"]:
         where = ("" if not_recorded_anywhere(result.trial)
@@ -227,7 +263,8 @@ def to_text(result: TrialAnalysis, max_rows: int = 10, what_if: list[dict] | tup
     trial = result.trial
     lines = _summary_lines(data, result)
     lines += [f"Trial {data['trial']} ({data['format']})",
-             f"  span {iso_utc(trial.start_us)} .. {iso_utc(trial.end_us)}; nodes: {', '.join(data['nodes']) or '-'}",
+             f"  span {iso_utc(trial.start_us)} .. {iso_utc(trial.end_us)}; nodes: {', '.join(data['nodes']) or '-'}; "
+             f"processes: {len(data['processes'])}",
              f"  files read {data['files']['read']}, skipped {len(data['files']['skipped'])}; "
              f"lines skipped {data['lines_skipped']}"]
     for skipped in data["files"]["skipped"][:max_rows]:
@@ -240,14 +277,14 @@ def to_text(result: TrialAnalysis, max_rows: int = 10, what_if: list[dict] | tup
         if part["count"] is None:
             lines.append(f"{title}: not recorded")
             return
-        lines.append(f"{title}: {part['count']} (median {_stat(part.get('median_us'), 'us')}, "
-                     f"max {_stat(part.get('max_us'), 'us')})")
+        lines.append(f"{title}: {part['count']} (median {duration_us(part.get('median_us'))}, "
+                     f"max {duration_us(part.get('max_us'))})")
 
     init = data["initialization"]
     section("Iterator initializations", init)
     for it in init["iterators"]:
         lines.append(f"  {it['type']}: num_workers={it['num_workers']} pin_memory={it['pin_memory']} "
-                     f"initialized {it['count']}x, median {_stat(it['median_us'], 'us')}")
+                     f"initialized {it['count']}x, median {duration_us(it['median_us'])}")
     for key, title in (("workers", "Worker processes"), ("getnext", "GetNext calls")):
         section(title, data[key])
     for key, title in (("initialization", "initialization"), ("workers", "worker"), ("getnext", "GetNext")):
@@ -258,14 +295,123 @@ def to_text(result: TrialAnalysis, max_rows: int = 10, what_if: list[dict] | tup
             for row in rows[:max_rows]:
                 extra = f" worker {row['worker_id']}" if "worker_id" in row else ""
                 lines.append(f"  {iso_utc(row['start_us'])} .. {iso_utc(row['end_us'])} "
-                             f"{row['duration_us']:,} us{extra} pid {row['pid']} on {row['node']}")
+                             f"{duration_us(row['duration_us'])}{extra} {_who(row)}")
     batch = data["batchtime"]
     lines.append("")
-    median_s = "-" if batch["median_s"] is None else f"{batch['median_s']:.4f} s"
-    lines.append(f"Batch time: {batch['count']} batches, median {median_s}")
+    lines.append(f"Batch time: {batch['count']} batches, median {duration_s(batch['median_s'])}")
     if batch["outliers"]:
         lines.append(f"batch time outliers: {len(batch['outliers'])}")
         for row in batch["outliers"][:max_rows]:
             lines.append(f"  {iso_utc(row['start_us'])} .. {iso_utc(row['end_us'])} "
-                         f"{row['batch_time_s']:.4f} s pid {row['pid']} on {row['node']}")
+                         f"{duration_s(row['batch_time_s'])} {_who(row)}")
     return "\n".join(lines)
+
+
+# --- two runs compared (`app.py compare A B`) ---------------------------------------------------
+
+def _setting_json(value):
+    return value if isinstance(value, str) else _jsonable(value)
+
+
+def comparison_dict(comparison) -> dict:
+    """A Comparison's own keys of the `compare --json` object (without the two analyses)."""
+    return {
+        "delta": {key: _num(value) for key, value in comparison.delta.items()},
+        "settings_changed": [{"node": c.node, "loader": c.loader, "key": c.key, "a": _setting_json(c.a),
+                              "b": _setting_json(c.b)} for c in comparison.settings_changed],
+        "findings": [{"id": f.id, "status": f.status, "saving_s_a": _num(f.saving_s_a),
+                      "saving_s_b": _num(f.saving_s_b)} for f in comparison.findings],
+        "predicted": None if comparison.predicted is None else {
+            "change": _jsonable(comparison.predicted["change"]),
+            "training_s": _num(comparison.predicted["training_s"]),
+            "wait_fraction": _num(comparison.predicted["wait_fraction"])},
+        "achieved": {key: _num(value) for key, value in comparison.achieved.items()},
+    }
+
+
+def compare_dict(a: TrialAnalysis, b: TrialAnalysis, comparison=None) -> dict:
+    """The `app.py compare A B --json` object: each run's `analyze --json` object, then B
+    against A (dashboard.api.compare, computed here unless given)."""
+    if comparison is None:
+        from .api import compare
+
+        comparison = compare(a, b)
+    return {"a": to_dict(a), "b": to_dict(b), **comparison_dict(comparison)}
+
+
+def change_percent(delta: float | None, before: float | None) -> float | None:
+    """A change as a percentage of its value before (None where there is no base)."""
+    if delta is None or before is None or before == 0:
+        return None
+    return 100.0 * delta / before
+
+
+def signed_duration(delta: float | None, before: float | None = None) -> str:
+    """A change of a duration in seconds, with its share of the value before:
+    '-2,340 ms (-45.1 %)', '+120 ms', or 'not recorded'."""
+    if delta is None:
+        return "not recorded"
+    percent = change_percent(delta, before)
+    return ("+" if delta > 0 else "") + duration_s(delta) + ("" if percent is None else f" ({percent:+.1f} %)")
+
+
+def _setting_text(value) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def compare_text(a: TrialAnalysis, b: TrialAnalysis, comparison=None) -> str:
+    """The readable form of `compare`: B against A, then each run's summary."""
+    if comparison is None:
+        from .api import compare
+
+        comparison = compare(a, b)
+    data = compare_dict(a, b, comparison)
+    va, vb = a.verdict, b.verdict
+    delta = data["delta"]
+    lines = [f"Comparing B {b.trial.path} ({b.trial.format}) against A {a.trial.path} ({a.trial.format})", "",
+             f"A: {verdict_text(va)}", f"B: {verdict_text(vb)}"]
+    known = delta["training_s"] is not None
+    lines.append(f"Training time: {duration_s(va.training_s if known else None)} -> "
+                 f"{duration_s(vb.training_s if known else None)}: "
+                 f"{signed_duration(delta['training_s'], va.training_s if known else None)}")
+    lines.append(f"Waiting for data (GetNext): {duration_s(va.getnext_s if known else None)} -> "
+                 f"{duration_s(vb.getnext_s if known else None)}: "
+                 f"{signed_duration(delta['wait_s'], va.getnext_s if known else None)}")
+    lines.append("Input-bound: " + ("not recorded" if delta["input_percent"] is None else
+                                    f"{va.input_percent:.1f} % -> {vb.input_percent:.1f} % "
+                                    f"({delta['input_percent']:+.1f} points)"))
+    lines.append("")
+    changed = data["settings_changed"]
+    lines.append("DataLoader settings changed:" if changed else
+                 "DataLoader settings changed: none (where both runs record them)")
+    for item in changed:
+        lines.append(f"  {item['loader']} on {item['node']}: {item['key']} {_setting_text(item['a'])} -> "
+                     f"{_setting_text(item['b'])}")
+    for pair in comparison.loaders:
+        if pair.a is not None and pair.b is not None:
+            parts = [f"{PART_WORDS[p]} {duration_s(pair.a.parts[p])} -> {duration_s(pair.b.parts[p])}"
+                     for p in pair.a.parts if abs(pair.a.parts[p]) >= 0.0005 or abs(pair.b.parts[p]) >= 0.0005]
+            lines.append(f"  wait budget of {pair.loader} on {pair.node}: " + ("; ".join(parts) or "no wait"))
+    lines.append("")
+    lines.append("Findings:" if data["findings"] else "Findings: none in either run")
+    for item in data["findings"]:
+        savings = ", ".join(f"{saving_text(value)} in {run}" for run, value in
+                            (("A", item["saving_s_a"]), ("B", item["saving_s_b"])) if value is not None)
+        lines.append(f"  {item['status']:<9} ({item['id']})" + (f" [{savings}]" if savings else ""))
+    lines.append("")
+    predicted, achieved = data["predicted"], data["achieved"]
+    if predicted is None:
+        lines.append(f"Predicted: none ({comparison.note})")
+    else:
+        change = ", ".join(f"{k}={v}" for k, v in predicted["change"].items())
+        lines.append(f"Predicted by A's what-if with {change}: training {duration_s(predicted['training_s'])}, "
+                     f"waiting {_fraction_text(predicted['wait_fraction'])} of training")
+    lines.append(f"Achieved by B: training {duration_s(achieved['training_s'])}, waiting "
+                 f"{_fraction_text(achieved['wait_fraction'])} of training")
+    lines += ["", "=== A ==="] + _summary_lines(data["a"], a) + ["=== B ==="] + _summary_lines(data["b"], b)
+    return "\n".join(lines)
+
+
+def _fraction_text(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+

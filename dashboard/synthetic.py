@@ -6,6 +6,9 @@ multi-process train loader is initialised (workers re-spawned, non-persistent), 
 `train_batches` GetNexts round-robin over its workers, each followed by a train step;
 then a single-process validation loader serves `val_batches`.
 
+`write_job` writes a distributed job instead: several hosts with several ranks each, one
+rank or one host slower than the rest, for the hosts/ranks views and their benchmark.
+
 Standard library only.
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ class SyntheticEvent:
     pin_memory: bool | None = None
     iterator_class: str = ""
     epoch: int = 0
+    rank: int | None = None  # write_job: the training rank of the process
 
     @property
     def duration_us(self) -> int:
@@ -135,26 +139,105 @@ def write_trial(folder: str, *, hosts: int = 1, epochs: int = 3, train_batches: 
 
     if system:
         for host in range(1, hosts + 1):
-            metrics = SystemMetricsWriter(folder, fmt.system_node_id(host), rotate_s=60)
-            ts = start_us / 1e6 + system_start_delay_s
-            while ts <= end_of_job / 1e6 + system_interval_s:
-                records = []
-                for cpu in range(cpus):
-                    records.append(("cpu", f"cpu{cpu}", "CPUUtilization",
-                                    round(min(100.0, max(0.0, rng.gauss(cpu_percent, 3))), 2), ts))
-                    records.append(("cpu", f"cpu{cpu}", "I/OWaitPercentage", iowait_percent, ts))
-                for gpu in range(gpus):
-                    records.append(("gpu", f"gpu{gpu}", "GPUUtilization", round(rng.uniform(20, 90), 2), ts))
-                    records.append(("gpu", f"gpu{gpu}", "GPUMemoryUtilization", round(rng.uniform(30, 40), 2), ts))
-                records += [("memory", "MemoryUsedPercent", "", round(rng.uniform(20, 30), 2), ts),
-                            ("i/o", "IOPS", "", float(rng.randint(0, 50)), ts),
-                            ("i/o", "ReadThroughputInBytesPerSecond", "", float(rng.randint(0, 10**6)), ts),
-                            ("i/o", "WriteThroughputInBytesPerSecond", "", float(rng.randint(0, 10**5)), ts),
-                            ("network", "ReceiveBytesPerSecond", "Algorithm", float(rng.randint(0, 10**5)), ts),
-                            ("network", "TransmitBytesPerSecond", "Algorithm", float(rng.randint(0, 10**5)), ts)]
-                metrics.write(records)
-                trial.system_samples += len(records)
-                ts += system_interval_s
-            metrics.close()
-            trial.system_files += metrics.closed_keys
+            written, keys = _system_metrics(folder, host, start_us / 1e6 + system_start_delay_s, end_of_job, rng,
+                                            interval_s=system_interval_s, cpus=cpus, gpus=gpus,
+                                            cpu_percent=cpu_percent, iowait_percent=iowait_percent)
+            trial.system_samples += written
+            trial.system_files += keys
+    return trial
+
+
+def _system_metrics(folder: str, host: int, start_s: float, end_us: int, rng: random.Random, *, interval_s: float,
+                    cpus: int, gpus: int, cpu_percent: float, iowait_percent: float) -> tuple[int, list[str]]:
+    """A host's system metrics every `interval_s` from start_s to the job's end: (records
+    written, closed files)."""
+    metrics = SystemMetricsWriter(folder, fmt.system_node_id(host), rotate_s=60)
+    written, ts = 0, start_s
+    while ts <= end_us / 1e6 + interval_s:
+        records = []
+        for cpu in range(cpus):
+            records.append(("cpu", f"cpu{cpu}", "CPUUtilization",
+                            round(min(100.0, max(0.0, rng.gauss(cpu_percent, 3))), 2), ts))
+            records.append(("cpu", f"cpu{cpu}", "I/OWaitPercentage", iowait_percent, ts))
+        for gpu in range(gpus):
+            records.append(("gpu", f"gpu{gpu}", "GPUUtilization", round(rng.uniform(20, 90), 2), ts))
+            records.append(("gpu", f"gpu{gpu}", "GPUMemoryUtilization", round(rng.uniform(30, 40), 2), ts))
+        records += [("memory", "MemoryUsedPercent", "", round(rng.uniform(20, 30), 2), ts),
+                    ("i/o", "IOPS", "", float(rng.randint(0, 50)), ts),
+                    ("i/o", "ReadThroughputInBytesPerSecond", "", float(rng.randint(0, 10**6)), ts),
+                    ("i/o", "WriteThroughputInBytesPerSecond", "", float(rng.randint(0, 10**5)), ts),
+                    ("network", "ReceiveBytesPerSecond", "Algorithm", float(rng.randint(0, 10**5)), ts),
+                    ("network", "TransmitBytesPerSecond", "Algorithm", float(rng.randint(0, 10**5)), ts)]
+        metrics.write(records)
+        written += len(records)
+        ts += interval_s
+    metrics.close()
+    return written, metrics.closed_keys
+
+
+def write_job(folder: str, *, hosts: int = 2, ranks_per_host: int = 4, epochs: int = 2, steps: int = 50,
+              num_workers: int = 2, getnext_us: tuple[int, int] = (800, 1200),
+              step_us: tuple[int, int] = (9_000, 11_000), slow_rank: int | None = None,
+              slow_rank_us: tuple[int, int] = (8_000, 12_000), slow_storage_host: int | None = None,
+              storage_us: tuple[int, int] = (5_000, 7_000), storage_iowait_percent: float = 35.0,
+              record_ranks: bool = True, system: bool = True, system_interval_s: float = 1.0, cpus: int = 4,
+              cpu_percent: float = 40.0, start_us: int = 1_795_986_600_000_000, rotate_s: float = 60.0,
+              seed: int = 0, main_pid: int = 30_000) -> SyntheticTrial:
+    """A distributed job: `hosts` x `ranks_per_host` training processes, each with a
+    multi-process train loader per epoch and a step after each batch, named as the collector
+    names ranks (`<rank>-algo-<host>`).
+
+    slow_rank: that rank's GetNexts take `slow_rank_us`. slow_storage_host: every rank of that
+    host (1-based) waits `storage_us` per GetNext, and the host's I/O wait is high.
+    record_ranks: write the rank and local rank on the init events, as the collector does;
+    False leaves the node id's number alone to say it is a rank (the reference's trials).
+    """
+    rng = random.Random(seed)
+    trial = SyntheticTrial(folder)
+    end_of_job = start_us
+    for host in range(1, hosts + 1):
+        for local in range(ranks_per_host):
+            rank = (host - 1) * ranks_per_host + local
+            pid = main_pid + 10 * rank
+            node = fmt.framework_node_id(rank, host)
+            writer = TraceWriter(folder, node, start_time_us=start_us, rotate_s=rotate_s)
+            waits = (slow_rank_us if rank == slow_rank else storage_us if host == slow_storage_host
+                     else getnext_us)
+            t = start_us + rng.randint(0, 2_000)
+            for epoch in range(epochs):
+                init_start, t = t, t + rng.randint(20_000, 30_000)
+                args = {fmt.ARG_PID: pid, fmt.ARG_NUM_WORKERS: num_workers, fmt.ARG_PIN_MEMORY: False,
+                        fmt.ARG_STEP: "-1"}
+                if record_ranks:
+                    args.update({fmt.ARG_RANK: rank, fmt.ARG_LOCAL_RANK: local})
+                writer.complete(fmt.PHASE_INIT, fmt.init_event_name(TRAIN_ITER), init_start, t, args)
+                trial.events.append(SyntheticEvent(fmt.KIND_INIT, node, pid, fmt.init_event_name(TRAIN_ITER),
+                                                   init_start, t, num_workers=num_workers, pin_memory=False,
+                                                   iterator_class=TRAIN_ITER, epoch=epoch, rank=rank))
+                for batch in range(steps):
+                    worker = batch % num_workers
+                    wait = rng.randint(*waits)
+                    writer.complete(fmt.PHASE_ITER, fmt.getnext_event_name(TRAIN_ITER), t, t + wait,
+                                    {fmt.ARG_PID: pid, fmt.ARG_WORKER_ID: worker, fmt.ARG_STEP: str(batch)})
+                    trial.events.append(SyntheticEvent(fmt.KIND_GETNEXT, node, pid, fmt.getnext_event_name(TRAIN_ITER),
+                                                       t, t + wait, worker_id=worker, iterator_class=TRAIN_ITER,
+                                                       epoch=epoch, rank=rank))
+                    t += wait
+                    step_end = t + rng.randint(*step_us)
+                    writer.complete(fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_TRAIN, t, step_end,
+                                    {fmt.ARG_PID: pid, fmt.ARG_STEP: str(batch)})
+                    trial.events.append(SyntheticEvent(fmt.KIND_STEP, node, pid, fmt.PHASE_STEP_TRAIN, t, step_end,
+                                                       epoch=epoch, rank=rank))
+                    t = step_end
+                t += 5_000
+            writer.close()
+            trial.framework_files += writer.closed_keys
+            end_of_job = max(end_of_job, t)
+    if system:
+        for host in range(1, hosts + 1):
+            iowait = storage_iowait_percent if host == slow_storage_host else 0.5
+            written, keys = _system_metrics(folder, host, start_us / 1e6, end_of_job, rng, interval_s=system_interval_s,
+                                            cpus=cpus, gpus=0, cpu_percent=cpu_percent, iowait_percent=iowait)
+            trial.system_samples += written
+            trial.system_files += keys
     return trial

@@ -27,12 +27,14 @@ def test_getnext(planted):
     assert result.getnext.count == len(calls)
     assert result.getnext.median_us == median
     assert result.getnext.max_us == max(durations)
-    expected = sorted(((e.start_us, e.end_us, e.worker_id, e.node) for e in calls
+    # An outlier names its host (the node), its process's pid and its rank (none: not distributed).
+    expected = sorted(((e.start_us, e.end_us, e.worker_id, e.node.split("-", 1)[1], e.pid) for e in calls
                        if e.duration_us > 2 * median), reverse=False)
     got = result.getnext.outliers
-    assert sorted(zip(got["start_us"], got["end_us"], got["worker_id"], got["node"].astype(str))) == expected
+    assert sorted(zip(got["start_us"], got["end_us"], got["worker_id"], got["node"].astype(str), got["pid"])) == expected
+    assert got["rank"].isna().all()
     # planted: epoch 1 batch 7 is served by worker 1 on each host
-    assert len(expected) == 4 and {w for _, _, w, _ in expected} == {1}
+    assert len(expected) == 4 and {w for _, _, w, _, _ in expected} == {1}
     assert got["duration_us"].iloc[0] == 90_000  # longest first
 
 
@@ -125,18 +127,20 @@ def _random_framework(seed: int) -> pd.DataFrame:
         kind = rng.choice(["getnext"] * 6 + ["init", "other"])
         name = {"getnext": f"{cls}::GetNext", "init": f"{cls}.__init__", "other": "Step:ModeKeys.TRAIN"}[kind]
         start = rng.randint(0, 60) * 1000  # coarse: many equal start times
-        rows.append({"node": rng.choice(["2-algo-2", "1-algo-1"]), "pid": rng.choice([11, 12, None]),
+        process = rng.choice(["2-algo-2", "1-algo-1"])
+        rows.append({"process": process, "node": process.split("-", 1)[1], "pid": rng.choice([11, 12, None]),
                      "name": name, "kind": kind, "start_us": start, "end_us": start + rng.randint(0, 900),
                      "worker_id": rng.choice([0, 1, None]),
-                     "iterator_id": rng.choice([None, None, 1, 2]) if kind == "getnext" else None})
+                     "iterator_id": rng.choice([None, None, 1, 2]) if kind == "getnext" else None,
+                     "rank": None})
     frame = pd.DataFrame(rows).sort_values("start_us", kind="stable").reset_index(drop=True)
-    return frame.astype({"node": "category", "name": "category", "kind": "category", "pid": "Int64",
-                         "worker_id": "Int64", "iterator_id": "Int64"})
+    return frame.astype({"process": "category", "node": "category", "name": "category", "kind": "category", "pid": "Int64",
+                         "worker_id": "Int64", "iterator_id": "Int64", "rank": "Int64"})
 
 
 def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
     """The batch rule written out plainly: calls of one process in time order; a batch runs
-    to the next call unless node, pid, class, the count of that class's initializations
+    to the next call unless process, pid, class, the count of that class's initializations
     on that process so far, or the iterator id changes between them."""
     records = frame.to_dict("records")
     for position, row in enumerate(records):
@@ -146,14 +150,14 @@ def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
         row["iterator_id"] = -1 if pd.isna(row["iterator_id"]) else int(row["iterator_id"])
     inits = [r for r in records if r["kind"] == "init"]
     calls = sorted((r for r in records if r["kind"] == "getnext"),
-                   key=lambda r: (r["node"], r["pid"], r["start_us"], r["position"]))
+                   key=lambda r: (r["process"], r["pid"], r["start_us"], r["position"]))
 
     def key(call):
-        seen = sum(1 for i in inits if (i["node"], i["pid"], i["cls"]) == (call["node"], call["pid"], call["cls"])
+        seen = sum(1 for i in inits if (i["process"], i["pid"], i["cls"]) == (call["process"], call["pid"], call["cls"])
                    and i["start_us"] <= call["start_us"])
-        return call["node"], call["pid"], call["cls"], seen, call["iterator_id"]
+        return call["process"], call["pid"], call["cls"], seen, call["iterator_id"]
 
-    return sorted((this["start_us"], following["start_us"], this["node"], this["pid"])
+    return sorted((this["start_us"], following["start_us"], this["node"], this["pid"])  # node: the host
                   for this, following in zip(calls, calls[1:]) if key(this) == key(following))
 
 

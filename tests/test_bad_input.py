@@ -27,6 +27,8 @@ from dashboard.trial.load import load_trial
 from tests.conftest import ROOT
 
 NOT_A_TRIAL_FILE = r"^not a trial file \(unknown name or suffix\)$"
+# A JSON file off the convention is looked at as a possible PyTorch profiler trace first.
+NOT_A_TRIAL_JSON = r"^not a trial file \(unknown name or suffix, and not a PyTorch profiler trace \(no traceEvents\)\)$"
 
 
 @dataclass
@@ -285,7 +287,7 @@ def names_off_the_convention(t: Trial) -> Broken:
            "pythontimeline.json": t.framework_file(2)}
     for new, old in odd.items():
         shutil.copy(t.path(old), t.path(new))
-    return Broken(files_skipped={key: NOT_A_TRIAL_FILE for key in odd})
+    return Broken(files_skipped={key: NOT_A_TRIAL_JSON for key in odd})
 
 
 def unknown_suffixes(t: Trial) -> Broken:
@@ -375,7 +377,7 @@ def test_broken_trial_keeps_every_valid_event(tmp_path, case):
 
     trial = load_trial(str(tmp_path))
     fw = trial.framework
-    got = sorted(zip(fw["node"].astype(str), fw["name"].astype(str), fw["start_us"].tolist(),
+    got = sorted(zip(fw["process"].astype(str), fw["name"].astype(str), fw["start_us"].tolist(),
                      fw["end_us"].tolist()))
     assert got == expected
     assert len(trial.system) == synthetic.system_samples - broken.system_lost

@@ -39,10 +39,14 @@ def test_analyze_json_schema_and_numbers(trial_dir):
     assert data["getnext"]["median_us"] == statistics.median(e.duration_us for e in calls)
     assert data["getnext"]["max_us"] == 60_000
     outlier = data["getnext"]["outliers"][0]
-    assert set(outlier) == {"start_us", "end_us", "duration_us", "worker_id", "pid", "node"}
+    assert set(outlier) == {"start_us", "end_us", "duration_us", "worker_id", "pid", "node", "rank"}
     slow = [e for e in calls if e.duration_us == 60_000]
-    assert {(o["start_us"], o["worker_id"], o["node"]) for o in data["getnext"]["outliers"]} >= {
-        (e.start_us, e.worker_id, e.node) for e in slow}
+    # node is the host: the synthetic node id `<pid>-algo-N` names the process on it
+    assert {(o["start_us"], o["worker_id"], o["node"], o["pid"], o["rank"]) for o in data["getnext"]["outliers"]} >= {
+        (e.start_us, e.worker_id, e.node.split("-", 1)[1], e.pid, None) for e in slow}
+    assert data["nodes"] == ["algo-1", "algo-2"]
+    assert sorted((p["node"], p["id"], p["pid"], p["rank"]) for p in data["processes"]) == sorted(
+        {(e.node.split("-", 1)[1], e.node, e.pid, None) for e in calls})
     assert data["workers"]["count"] == len(synthetic.of_kind("worker"))
     assert data["initialization"]["count"] == len(synthetic.of_kind("init"))
     assert {(i["type"], i["num_workers"], i["count"]) for i in data["initialization"]["iterators"]} == {

@@ -56,7 +56,7 @@ def test_five_methods(notebook, capsys):
     assert slow.start_us in set(analysis.window_framework_metrics["start_us"])
     fig = analysis.plot_the_window(slow.start_us - 50_000, slow.end_us + 50_000)
     getnext = [t for t in fig.data if t.name == "DataLoaderIter"]
-    assert getnext and any("80,000 us" in str(h) for h in getnext[0].hovertext)
+    assert getnext and any("80 ms" in str(h) for h in getnext[0].hovertext)
     lo, hi = fig.layout.xaxis.range  # epoch milliseconds
     assert lo <= (slow.start_us - 50_000) / 1e3 + 1 and hi >= (slow.end_us + 50_000) / 1e3 - 1
     # a window wide enough for system samples draws them too, with the events

@@ -123,6 +123,34 @@ def test_a_file_is_read_no_further_than_its_listing_saw(tmp_path):
         store.read("f.json", size=info.size)
 
 
+def test_a_gzip_kineto_traces_limit_counts_its_bytes_decompressed(tmp_path):
+    """--max-trial-mb bounds what a load holds and scans: a Kineto trace's bytes once inflated. A
+    67 kB .pt.trace.json.gz of 6.4 MB was loaded under a limit of 0.3 MB (its pieces were counted
+    as stored)."""
+    import gzip
+
+    from dashboard.trial.errors import TrialTooLargeError
+
+    padding = {"pad": "x" * 200}
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 7, "tid": 7, "ts": 1000.0 + i * 10,
+               "dur": 2.0, "args": padding} for i in range(20_000)]
+    events += [{"ph": "X", "cat": "user_annotation", "pid": 7, "tid": 7, "ts": 1000.0 + i * 2000, "dur": 50.0,
+                "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"} for i in range(100)]
+    document = json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": 1_795_986_600_000_000_000,
+                           "traceEvents": events}).encode()
+    trace = tmp_path / "host_7.1700000000000.pt.trace.json.gz"
+    trace.write_bytes(gzip.compress(document))
+    stored = trace.stat().st_size
+    assert stored * 20 < len(document)
+    for limit in (stored * 4, len(document) - 1):
+        with pytest.raises(TrialTooLargeError) as caught:
+            load_trial(str(tmp_path), max_bytes=limit)
+        message = str(caught.value)
+        assert message.startswith(f"{tmp_path}: trial is over the limit of ") and message.endswith(" once decompressed")
+    trial = load_trial(str(tmp_path), max_bytes=len(document))
+    assert (trial.framework["kind"] == "getnext").sum() == 100
+
+
 # --- 2. one canonical key per trial -------------------------------------------------------------
 
 
@@ -325,6 +353,74 @@ def test_a_job_whose_s3_hangs_exits_within_the_upload_timeout_and_says_what_stay
     assert getnexts == 8  # every batch, kept
 
 
+# --- 6. a cache disk that fills up ----------------------------------------------------------------
+
+
+def in_tmpfs(size_mib: int, mountpoint: str, command: list[str]) -> list[str]:
+    """`command` in a mount namespace of its own, with a tmpfs of size_mib at `mountpoint`: a small
+    disk that fills up, gone with the process (the machine's mounts are untouched)."""
+    mount = f'mount -t tmpfs -o size={size_mib}m,mode=0700 tmpfs "$0" && exec "$@"'
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--propagation", "private", "sh", "-c", mount, mountpoint, *command]
+
+
+@pytest.fixture(scope="module")
+def small_disks(tmp_path_factory):
+    probe = subprocess.run(in_tmpfs(1, str(tmp_path_factory.mktemp("probe")), ["true"]), capture_output=True,
+                           text=True)
+    if probe.returncode:
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace of its own: {probe.stderr.strip()}")
+
+
+FILLING = """
+import json, shutil, sys
+sys.path.insert(0, sys.argv[1])
+from dashboard.web.cache import TrialCache, free_space_reserve
+
+cache_dir, root, paths = sys.argv[2], sys.argv[3], sys.argv[4:]
+cache, keys, out = TrialCache(cache_dir), {}, []
+for path in paths:
+    key, trial, _ = cache.load(path, roots=[root])
+    keys[path] = key
+    usage = shutil.disk_usage(cache_dir)
+    out.append({"getnexts": int(trial.framework["name"].str.endswith("::GetNext").sum()),
+                "not_kept": cache.not_kept(), "free": usage.free, "reserve": free_space_reserve(usage.total),
+                "kept": [f"trial:{keys[p]}" in cache.disk for p in paths if p in keys]})
+again = TrialCache(cache_dir).trial(keys[paths[-1]])  # another process's view of the last one
+print(json.dumps({"loads": out, "again": None if again is None else
+                  int(again.framework["name"].str.endswith("::GetNext").sum())}))
+"""
+
+
+def test_a_cache_on_a_small_disk_culls_for_room_and_serves_what_it_cannot_keep(small_disks, tmp_path):
+    """A 32 MiB disk, 16 MiB of it kept free for the job store: trial A (9.2 MB pickled) is kept;
+    B, as large, is kept by culling A (the cache's size limit, 2 GB, never would); C (20 MB) does
+    not fit at all: it is loaded all the same, not kept, with the reason, and another process
+    reads it again. Before, B's and C's loads failed ("database or disk is full", or ENOSPC) and
+    the disk stayed full. (Sizes leave 5 MB either way for SQLite's own pages.)"""
+    data = tmp_path / "data"
+    written = {name: write_trial(str(data / name), epochs=epochs, train_batches=batches)
+               for name, epochs, batches in (("a", 9, 4000), ("b", 9, 4000), ("c", 16, 5000))}
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    done = subprocess.run(in_tmpfs(32, str(cache_dir), [sys.executable, "-c", FILLING, ROOT, str(cache_dir),
+                                                        str(data), *(str(data / name) for name in written)]),
+                          capture_output=True, text=True, timeout=CLI_WITHIN_S)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    loads = found["loads"]
+    assert [load["getnexts"] for load in loads] == [len(w.of_kind("getnext")) for w in written.values()]
+    # C's load culls nothing: no culling would make room for it, so B stays. (The files' columns,
+    # dashboard/trial/columnar_cache.py, yield to the trials on a disk this small: none is kept.)
+    assert [load["kept"] for load in loads] == [[True], [False, True], [False, True, False]]
+    assert loads[0]["not_kept"] is None and loads[1]["not_kept"] is None
+    assert loads[2]["not_kept"].startswith("no room for it: ")
+    # Values' files never go into the reserve; SQLite's rows and write-ahead log (about 4 MB a
+    # database) may: that is what it is for.
+    assert all(load["free"] >= load["reserve"] - 4 * 2**20 for load in loads), loads
+    assert found["again"] == len(written["c"].of_kind("getnext"))
+
+
 # --- 5. the smaller items -----------------------------------------------------------------------
 
 
@@ -440,10 +536,28 @@ def test_the_allowed_hosts_default_follows_the_bind():
         "a.example", "b.example"]
 
 
-class Served:
-    """`python app.py serve ARGS` on a free port of 127.0.0.1; its log in a file."""
+def test_max_loads_comes_from_the_core_count_the_command_line_or_the_environment():
+    import argparse
 
-    def __init__(self, tmp_path, *args: str):
+    from dashboard.web.options import add_serve_arguments, default_max_loads
+    from dashboard.web.server import options_from_args, options_from_environment
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert default_max_loads() == len(os.sched_getaffinity(0))
+    assert options_from_args(parser.parse_args([])).max_loads == default_max_loads()
+    assert options_from_args(parser.parse_args(["--max-loads", "3"])).max_loads == 3
+    assert options_from_environment({}).max_loads == default_max_loads()
+    assert options_from_environment({"DASHBOARD_MAX_LOADS": "0"}).max_loads == 0  # no limit
+    with pytest.raises(ValueError, match="DASHBOARD_MAX_LOADS"):
+        options_from_environment({"DASHBOARD_MAX_LOADS": "many"})
+
+
+class Served:
+    """`python app.py serve ARGS` on a free port of 127.0.0.1; its log in a file. wrap(command):
+    the command line that runs it (in_tmpfs, say)."""
+
+    def __init__(self, tmp_path, *args: str, wrap=lambda command: command):
         from tests.conftest import free_port
 
         self.port = free_port()
@@ -452,7 +566,7 @@ class Served:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONUNBUFFERED="1")
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, APP, "serve", "--port", str(self.port), *args],
+            self.process = subprocess.Popen(wrap([sys.executable, APP, "serve", "--port", str(self.port), *args]),
                                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 90) -> "Served":
@@ -548,3 +662,74 @@ def test_the_page_loads_under_the_content_security_policy(dash_duo, tmp_path):
     violations = [entry["message"] for entry in dash_duo.driver.get_log("browser")
                   if "Content Security Policy" in entry["message"] or "Refused to" in entry["message"]]
     assert violations == []
+
+
+@pytest.mark.browser
+def test_a_full_cache_disk_is_said_on_the_page_and_the_trial_still_shown(small_disks, dash_duo, tmp_path):
+    """The server's cache on a 40 MiB disk that something else fills: a trial loaded before is
+    still served from the cache; a new one is shown, with a message that the cache could not
+    keep it. Before, every load on a full cache disk ended without a word (HTTP 204)."""
+    data = tmp_path / "data"
+    small = write_trial(str(data / "small"), epochs=1)
+    big = write_trial(str(data / "big"), epochs=4, train_batches=2000)
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    served = Served(tmp_path, "--cache-dir", str(cache_dir), "--data-root", str(data),
+                    wrap=lambda command: in_tmpfs(40, str(cache_dir), command)).wait_ready()
+    try:
+        def show(path, written):
+            dash_duo.wait_for_page(f"{served.url}/?trial={path}", timeout=30)
+            dash_duo.wait_for_text_to_equal("#getnext-count", str(len(written.of_kind("getnext"))), timeout=60)
+            return dash_duo.find_element("#error-message").text
+
+        assert show(data / "small", small) == ""
+        # Something else fills the disk, to 2 MiB free: far below what the cache keeps free
+        # (16 MiB), enough for the job store's small writes.
+        disk = f"/proc/{served.process.pid}/root{cache_dir}"
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        with open(f"{disk}/filler", "wb") as filler:
+            for _ in range((free - 2 * 2**20) // 2**20):
+                filler.write(b"\0" * 2**20)
+        message = show(data / "big", big)
+        assert message.startswith("The server's cache could not keep this trial (no room for it: "), message
+        assert "it is shown, and read again when needed" in message
+        assert show(data / "small", small) == ""  # kept before: still served from the cache
+    finally:
+        served.stop()
+    assert "Traceback" not in served.log(), served.log()
+
+
+
+@pytest.mark.browser
+def test_the_url_names_the_trial_in_its_one_spelling_and_opens_the_same_trial(dash_duo, tmp_path):
+    """?trial= spelled `/data/./x/` loads the trial and the URL then says `/data/x`, the spelling
+    its cache key is made from; that URL opened again is the same trial, read once."""
+    from urllib.parse import parse_qs, urlsplit
+
+    import diskcache
+
+    from dashboard.web.server import ServerOptions, create_app
+    from tests.conftest import free_port
+
+    folder = tmp_path / "data" / "x"
+    written = write_trial(str(folder), epochs=1)
+    cache_dir = tmp_path / "cache"
+    app = create_app(ServerOptions(cache_dir=str(cache_dir), data_roots=[str(tmp_path / "data")]))
+    dash_duo.start_server(app, port=free_port())
+    getnexts = str(len(written.of_kind("getnext")))
+
+    def trial_in_url() -> str:
+        return parse_qs(urlsplit(dash_duo.driver.current_url).query).get("trial", [""])[0]
+
+    dash_duo.wait_for_page(f"{dash_duo.server_url}/?trial={tmp_path}/data/./x/", timeout=30)
+    dash_duo.wait_for_text_to_equal("#getnext-count", getnexts, timeout=60)
+    deadline = time.monotonic() + 10
+    while trial_in_url() != str(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert trial_in_url() == str(folder)
+    dash_duo.wait_for_page(dash_duo.driver.current_url, timeout=30)  # the copied link, opened
+    dash_duo.wait_for_text_to_equal("#getnext-count", getnexts, timeout=60)
+    assert trial_in_url() == str(folder)
+    with diskcache.Cache(str(cache_dir / "trials")) as disk:  # (the page first opened the sample)
+        ours = [k for k in disk if str(k).startswith("trial:") and disk[k].path.startswith(str(tmp_path))]
+    assert len(ours) == 1  # one key, one read

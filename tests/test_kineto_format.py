@@ -29,6 +29,7 @@ from dashboard.report import to_dict, to_text
 from dashboard.trial import kineto_format
 from dashboard.trial.kineto_format import parse_kineto_file
 from dashboard.trial.load import load_trial
+from dashboard.trial.errors import NotATrialError
 from dashboard.trial.load import classify_key
 
 from tests.conftest import ROOT, upload_folder
@@ -118,7 +119,11 @@ def scheduled(tmp_path_factory):
 def test_a_plain_trace_with_two_loaders_is_a_trial(two_loaders):
     trial = dashboard.load_trial(two_loaders["folder"])
     assert trial.format == "kineto"
-    assert trial.nodes == [f"0-{HOST}"] == list(trial.kineto_nodes)
+    # One host; the process is named by its pid (the trace has no distributedInfo: no rank).
+    assert trial.nodes == [HOST]
+    [process] = trial.processes
+    assert process.rank is None and process.id == f"{process.pid}-{HOST}"
+    assert trial.kineto_processes == (process.id,)
     assert trial.report.files_read == 1 and not trial.report.files_skipped
     assert len(gets(trial, MP_NEXT)) == two_loaders["train"] == 2 * (10 + 1)
     assert len(gets(trial, SP_NEXT)) == two_loaders["val"] == 2 * (3 + 1)
@@ -145,9 +150,10 @@ def test_a_plain_trace_with_two_loaders_is_a_trial(two_loaders):
                           "--json"], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     cli = json.loads(out)
     assert cli["format"] == "kineto" and cli["initialization"]["count"] is None
-    assert set(cli["verdict"]) == {"input_percent", "class", "basis"}
+    assert set(cli["verdict"]) == {"input_percent", "class", "basis", "getnext_s", "training_s"}
     assert cli["verdict"]["class"] in ("highly", "moderately", "not")
-    assert list(cli["nodes_verdict"]) == [f"0-{HOST}"]
+    assert list(cli["nodes_verdict"]) == [HOST]
+    assert [p["id"] for p in cli["processes"]] == list(cli["processes_verdict"]) == [trial.processes[0].id]
     assert all(set(r) == {"id", "text", "evidence", "saving_s", "change", "predicted"} for r in cli["recommendations"])
 
 
@@ -271,13 +277,16 @@ def test_ranks_from_distributed_info_become_nodes(tmp_path):
     outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     trial = dashboard.load_trial(str(tmp_path / "trial"))
-    assert trial.nodes == [f"0-{HOST}", f"1-{HOST}"]
+    # One host, two ranks under it (distributedInfo.rank).
+    assert trial.nodes == [HOST]
+    assert [(p.node, p.rank, p.id) for p in trial.processes] == [(HOST, 0, f"0-{HOST}"), (HOST, 1, f"1-{HOST}")]
     calls = gets(trial)
     for out in outs:
-        on_node = (calls["node"].astype(str) == f"{out['rank']}-{HOST}").sum()
-        assert on_node == out["calls"] == (out["rank"] + 2) * 2 + 1  # batches + StopIteration
+        on_rank = (calls["rank"] == out["rank"]).sum()
+        assert on_rank == out["calls"] == (out["rank"] + 2) * 2 + 1  # batches + StopIteration
     result = dashboard.analyze(trial)
-    assert set(result.nodes_verdict) == set(trial.nodes)
+    assert set(result.nodes_verdict) == {HOST}
+    assert set(result.processes_verdict) == {f"0-{HOST}", f"1-{HOST}"}
 
 
 def test_a_folder_may_mix_both_formats(two_loaders, tmp_path):
@@ -295,14 +304,16 @@ def test_a_folder_may_mix_both_formats(two_loaders, tmp_path):
     writer.close()
     trial = dashboard.load_trial(str(folder))
     assert trial.format == "mixed"
-    assert trial.nodes == sorted([node, f"0-{HOST}"])
-    assert trial.kineto_nodes == (f"0-{HOST}",)
+    assert trial.nodes == sorted({"algo-1", HOST})
+    kineto = [p.id for p in trial.processes if p.id != node]
+    assert len(kineto) == 1 and trial.kineto_processes == tuple(kineto)
     assert len(gets(trial)) == two_loaders["train"] + two_loaders["val"] + 1
     data = to_dict(dashboard.analyze(trial))
-    assert data["format"] == "mixed" and data["not_recorded_nodes"] == [f"0-{HOST}"]
+    assert data["format"] == "mixed" and data["not_recorded_processes"] == kineto
+    assert data["not_recorded_nodes"] == [HOST]
     assert data["initialization"]["count"] == 1  # recorded where the format records it
     # one node of it alone is a Kineto node
-    only = to_dict(dashboard.analyze(trial, node=f"0-{HOST}"))
+    only = to_dict(dashboard.analyze(trial, node=kineto[0]))
     assert only["initialization"]["count"] is None
 
 
@@ -391,4 +402,85 @@ def test_classify_key_finds_traces_anywhere():
     assert classify_key("a/b/host_1.123.pt.trace.json") == ("kineto", "a/b/host_1.123.pt.trace.json")
     assert classify_key("host_1.123.pt.trace.json.gz")[0] == "kineto"
     assert classify_key("framework/x.pt.trace.json")[0] == "kineto"
-    assert classify_key("notes.json") is None
+    # Any other JSON file is looked at: its content decides (see the not-a-trace tests).
+    assert classify_key("notes.json") == ("kineto", "notes.json")
+    assert classify_key("notes.txt") is None
+
+
+def _trace_of(two_loaders) -> dict:
+    """The real export_chrome_trace trace of the two-loaders run, as a dict."""
+    [name] = os.listdir(two_loaders["folder"])
+    with open(os.path.join(two_loaders["folder"], name), "rb") as handle:
+        return orjson.loads(handle.read())
+
+
+def _with_rank(trace: dict, rank: int, world_size: int) -> bytes:
+    """The trace as a rank of a distributed job writes it: Kineto's distributedInfo added."""
+    return orjson.dumps({**trace, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world_size}})
+
+
+def test_traces_are_recognised_by_content_under_any_json_name(two_loaders, tmp_path):
+    trace = _trace_of(two_loaders)
+    expected = two_loaders["train"] + two_loaders["val"]
+    # export_chrome_trace's own output under the tutorials' name
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "trace.json").write_bytes(orjson.dumps(trace))
+    trial = dashboard.load_trial(str(plain))
+    assert trial.format == "kineto" and len(gets(trial)) == expected
+    assert trial.nodes == [HOST] and [p.rank for p in trial.processes] == [None]
+    # a gzip trace named as Holistic Trace Analysis names them, rank 3 of 8
+    hta = tmp_path / "hta"
+    hta.mkdir()
+    (hta / "rank-3.json.gz").write_bytes(gzip.compress(_with_rank(trace, 3, 8)))
+    trial = dashboard.load_trial(str(hta))
+    assert len(gets(trial)) == expected
+    assert [(p.node, p.rank, p.id) for p in trial.processes] == [(HOST, 3, f"3-{HOST}")]
+    # the single file given as the path: a trial of one file, from the API and the CLI
+    single = dashboard.load_trial(str(hta / "rank-3.json.gz"))
+    assert single.report.files_read == 1 and len(gets(single)) == expected
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "app.py"), "analyze", str(plain / "trace.json"),
+                          "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["getnext"]["count"] == expected
+
+
+def test_two_ranks_traces_in_one_folder_are_one_job(two_loaders, tmp_path):
+    trace = _trace_of(two_loaders)
+    for rank in (0, 1):
+        (tmp_path / f"rank-{rank}.json").write_bytes(_with_rank(trace, rank, 2))
+    result = dashboard.analyze(str(tmp_path))
+    assert result.trial.nodes == [HOST]
+    assert [(p.node, p.rank) for p in result.trial.processes] == [(HOST, 0), (HOST, 1)]
+    calls = gets(result.trial)
+    assert [(calls["rank"] == rank).sum() for rank in (0, 1)] == [two_loaders["train"] + two_loaders["val"]] * 2
+    assert set(result.processes_verdict) == {f"0-{HOST}", f"1-{HOST}"}
+    one = dashboard.analyze(result.trial, rank=1)
+    assert one.getnext.count == two_loaders["train"] + two_loaders["val"]
+
+
+def test_json_files_that_are_not_traces_are_not_a_trial_and_the_message_names_every_format(tmp_path):
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    (tmp_path / "events.json").write_text('{"traceEvents": [{"name": "x", "ph": "X", "ts": 1, "dur": 2}]}')
+    with pytest.raises(NotATrialError) as caught:
+        dashboard.load_trial(str(tmp_path))
+    message = str(caught.value)
+    for words in ("SageMaker Debugger", "framework/pevents", "system/incremental", "PyTorch profiler",
+                  ".pt.trace.json", "traceEvents", "Kineto"):
+        assert words in message
+    # beside a real trial they are skipped, with the reason
+    (tmp_path / "trace.pt.trace.json").write_bytes(orjson.dumps({"schemaVersion": 1, "traceEvents": [
+        {"name": "ProfilerStep#1", "ph": "X", "pid": 1, "tid": 1, "ts": 1_795_986_600_000_000, "dur": 10}]}))
+    trial = dashboard.load_trial(str(tmp_path))
+    reasons = {s.path: s.reason for s in trial.report.files_skipped}
+    assert reasons["config.json"].endswith("not a PyTorch profiler trace (no traceEvents))")
+    assert "traceEvents without Kineto's" in reasons["events.json"]
+
+
+def test_a_single_trace_object_in_s3_is_a_trial(two_loaders, s3_client):
+    trace = _trace_of(two_loaders)
+    s3_client.create_bucket(Bucket="one-trace")
+    s3_client.put_object(Bucket="one-trace", Key="runs/a/rank-2.json.gz", Body=gzip.compress(_with_rank(trace, 2, 4)))
+    trial = dashboard.load_trial("s3://one-trace/runs/a/rank-2.json.gz", s3_client=s3_client)
+    assert len(gets(trial)) == two_loaders["train"] + two_loaders["val"]
+    assert [(p.node, p.rank) for p in trial.processes] == [(HOST, 2)]

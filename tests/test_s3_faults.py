@@ -108,7 +108,7 @@ def test_server_stops_mid_load_then_a_retry_reads_everything(server, tmp_path):
     trial = load_trial(TRIAL)
     assert trial.report.files_read == files and trial.report.files_skipped == []
     fw = trial.framework
-    assert sorted(zip(fw["node"].astype(str), fw["name"].astype(str), fw["start_us"].tolist(),
+    assert sorted(zip(fw["process"].astype(str), fw["name"].astype(str), fw["start_us"].tolist(),
                       fw["end_us"].tolist())) == sorted((e.node, e.name, e.start_us, e.end_us)
                                                         for e in synthetic.events)
     assert len(trial.system) == synthetic.system_samples

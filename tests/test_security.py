@@ -33,7 +33,7 @@ def run_app(*args, env=None):
 
 def event_keys(trial):
     fw = trial.framework
-    return sorted(zip(fw["node"].astype(str), fw["name"].astype(str), fw["start_us"].tolist()))
+    return sorted(zip(fw["process"].astype(str), fw["name"].astype(str), fw["start_us"].tolist()))
 
 
 def generated_keys(synthetic):

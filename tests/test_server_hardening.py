@@ -14,6 +14,7 @@ Expected numbers come from the events the synthetic writer reports, never from t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -182,7 +183,7 @@ def cached_trials(cache_dir) -> dict:
 
 
 def event_tuples(frame) -> list:
-    return sorted(zip(frame["node"].astype(str), frame["name"].astype(str), frame["start_us"].tolist(),
+    return sorted(zip(frame["process"].astype(str), frame["name"].astype(str), frame["start_us"].tolist(),
                       frame["end_us"].tolist()))
 
 
@@ -286,6 +287,86 @@ def test_a_load_starting_while_another_request_holds_the_job_store_completes(tmp
     finally:
         first.stop()
         second.stop()
+
+
+# --- a burst of loads, within the server's cap ----------------------------------------------------
+
+MAX_LOADS = 2
+BURST_TRIALS = 25  # each asked for twice, spelled two ways: 50 load requests at once
+QUEUED = re.compile(r"Queued \((\d+) ahead\)")
+
+
+def load_processes(server: AppServer) -> int:
+    """How many background-load processes of the server run now (an ended one not yet reaped by
+    the server is a zombie: not counted)."""
+    running = 0
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            running += child.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:  # it ended meanwhile
+            pass
+    return running
+
+
+def test_a_burst_of_50_loads_runs_at_most_max_loads_at_once(tmp_path):
+    """50 load requests at once (two spellings of each of 25 trials) on a server with --max-loads 2:
+    never more than two load processes run at a moment; the others wait in line, holding no
+    process, and say their place, which only moves forward; a trial asked for twice is read once
+    (the second request joins the first's read). Before, each request forked a process at once."""
+    data = tmp_path / "data"
+    written = {}
+    for i in range(BURST_TRIALS):
+        path = str(data / f"trial-{i:02d}")
+        written[path] = write_trial(path, epochs=2, rotate_s=0.05, seed=i)
+    asked = [spelling for path in written for spelling in (path, path + "/")]
+    [server] = start_servers(tmp_path, 1, "serve", "--cache-dir", str(tmp_path / "cache"),
+                             "--data-root", str(data), "--max-loads", str(MAX_LOADS))
+    try:
+        http = requests.Session()  # one connection per request thread
+        http.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=len(asked)))
+        page = DashSession(server.url, timeout=60, http=http).open()
+        running, done = [], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                running.append(load_processes(server))
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        statuses: dict[str, list[str]] = {path: [] for path in asked}
+
+        def one(path):
+            def seen(progress):
+                statuses[path].append(progress.get("load-status.children") or "")
+            return page.call_background(page.find("trial-store.data"), {"load-request.data": request_load(page, path)},
+                                        ["load-request.data"], poll_s=0.1, timeout_s=240, on_progress=seen)
+
+        try:
+            with ThreadPoolExecutor(len(asked)) as pool:
+                results = dict(zip(asked, pool.map(one, asked)))
+        finally:
+            done.set()
+            sampler.join(10)
+        stores = {path: loaded_store(result) for path, result in results.items()}
+        for path, trial in written.items():
+            pair = [stores[path], stores[path + "/"]]
+            assert pair[0]["key"] == pair[1]["key"], path
+            assert sorted(s["from_cache"] for s in pair) == [False, True], path  # one read of it
+            assert shown_counts(show(page, pair[0])) == counts(trial)
+
+        assert max(running) == MAX_LOADS, sorted(running)[-10:]
+        places = {path: [int(m.group(1)) for text in texts for m in [QUEUED.search(text)] if m]
+                  for path, texts in statuses.items()}
+        # How deep the queue got depends on how fast the loads ran; 50 requests sent at once to
+        # 2 places leave some waiting behind others (a poll sees the place of its moment).
+        assert max(p for found in places.values() for p in found) >= 1, places
+        for path, found in places.items():
+            assert found == sorted(found, reverse=True), (path, found)  # a place only moves forward
+        assert server.alive()
+        assert not TRACEBACK.search(server.log()), server.log()
+    finally:
+        server.stop()
 
 
 # --- an S3 server that can stop in the middle of a load ---------------------------------------------
@@ -799,7 +880,9 @@ def test_default_bind_is_loopback_and_the_debugger_is_off(tmp_path):
         assert answers["failing callback"].status_code == 500
         for what, answer in answers.items():
             assert not TRACEBACK.search(answer.text), (what, answer.text[:500])
-        assert "Debug mode: off" in plain.log()
+        # Its one line (no Dash banner): the URL; never the debugger's "Debug mode: on".
+        assert plain.log().startswith(f"DataLoader Profiler on http://{HOST}:{plain.port}/")
+        assert "Debug mode: on" not in plain.log()
 
         # The same requests to a server started with --dev-debug: the debugger answers (so the
         # checks above would see it), and that server too listens on loopback only.
@@ -868,6 +951,44 @@ def dockerfile() -> dict:
     return found
 
 
+def dockerfile_command(port: int) -> list[str]:
+    """The Dockerfile's CMD as written, bound to loopback on `port` instead of 0.0.0.0:8050."""
+    command = json.loads(dockerfile()["CMD"][0])
+    command = [sys.executable, "-m", *command[:-1], "--no-control-socket", command[-1]]
+    command[command.index("0.0.0.0:8050")] = f"{HOST}:{port}"
+    return command
+
+
+@contextlib.contextmanager
+def dockerfile_server(tmp_path, **extra_env):
+    """The Dockerfile's CMD running (the image's environment: a cache folder, a data root); yields
+    its port once /healthz answers."""
+    port = free_port()
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    env = server_env(tmp_path, DASHBOARD_CACHE_DIR=str(tmp_path / "cache"), DASHBOARD_DATA_ROOTS=str(data),
+                     **extra_env)
+    log_path = tmp_path / f"gunicorn-{port}.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(dockerfile_command(port), cwd=ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            try:
+                if requests.get(f"http://{HOST}:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        yield port
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (one that failed to start is gone)
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
 def test_the_dockerfile_serves_app_server_as_its_healthcheck_expects(tmp_path):
     """No engine here: the recipe's parts are checked, and its CMD and HEALTHCHECK are run as
     written (bound to loopback, on a free port, instead of 0.0.0.0:8050)."""
@@ -888,28 +1009,159 @@ def test_the_dockerfile_serves_app_server_as_its_healthcheck_expects(tmp_path):
     probe = json.loads(health.group(1))
     assert "http://127.0.0.1:8050/" in probe[-1]
 
-    port = free_port()
-    data = tmp_path / "data"
-    data.mkdir()
-    command = [sys.executable, "-m", *command[:-1], "--no-control-socket", command[-1]]
-    command[command.index("0.0.0.0:8050")] = f"{HOST}:{port}"
-    env = server_env(tmp_path, DASHBOARD_CACHE_DIR=str(tmp_path / "cache"), DASHBOARD_DATA_ROOTS=str(data))
-    with open(tmp_path / "gunicorn.log", "wb") as log:
-        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
+    with dockerfile_server(tmp_path) as port:
         check = [sys.executable if probe[0] == "python" else probe[0], *probe[1:-1],
                  probe[-1].replace("127.0.0.1:8050", f"{HOST}:{port}")]
-        deadline = time.monotonic() + 60
-        while subprocess.run(check, capture_output=True, timeout=30).returncode != 0:
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "gunicorn.log").read_text()
-            time.sleep(0.5)
+        assert subprocess.run(check, capture_output=True, timeout=30).returncode == 0
         # The image's default trial (the bundled sample) loads.
         page = DashSession(f"http://{HOST}:{port}/", timeout=60).open()
         asked = page.call(page.find("load-request.data"), {"url.search": ""}, ["url.search"]).values
         store = loaded_store(page.call_background(page.find("trial-store.data"), {"load-request.data": asked[
             "load-request.data"]}, ["load-request.data"], poll_s=POLL_S, timeout_s=60))
         assert store["path"].endswith(os.path.join("examples", "sample-trial", "trial"))
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+
+
+def test_gunicorn_on_loopback_answers_only_loopback_host_names(tmp_path):
+    """The shipped command bound to 127.0.0.1, without DASHBOARD_ALLOWED_HOSTS: a request naming
+    another host (a page elsewhere whose name points to 127.0.0.1: DNS rebinding) is refused, as by
+    `app.py serve` on its default --host; the Dockerfile names the loopback names itself."""
+    assert "DASHBOARD_ALLOWED_HOSTS=localhost,127.0.0.1,[::1]" in " ".join(dockerfile()["ENV"])
+    with dockerfile_server(tmp_path) as port:
+        url = f"http://{HOST}:{port}/"
+        assert requests.get(url, timeout=30).status_code == 200
+        assert requests.get(url, headers={"Host": f"localhost:{port}"}, timeout=30).status_code == 200
+        refused = requests.get(url, headers={"Host": f"rebound.example:{port}"}, timeout=30)
+        assert refused.status_code == 400 and refused.headers["X-Frame-Options"] == "DENY"
+    with dockerfile_server(tmp_path, DASHBOARD_ALLOWED_HOSTS="*") as port:
+        url = f"http://{HOST}:{port}/"
+        assert requests.get(url, headers={"Host": f"rebound.example:{port}"}, timeout=30).status_code == 200
+
+
+def test_gunicorn_servers_of_one_cache_folder_share_the_max_loads_places(tmp_path):
+    """Two servers of the shipped command (3 workers each) on one cache folder, with
+    DASHBOARD_MAX_LOADS=1: loads started by both still run one at a time (the places are in the
+    shared job store), and all of them load."""
+    data = tmp_path / "data"
+    written = {str(data / f"trial-{i}"): write_trial(str(data / f"trial-{i}"), epochs=2, seed=i) for i in range(12)}
+    with dockerfile_server(tmp_path, DASHBOARD_MAX_LOADS="1") as first, \
+            dockerfile_server(tmp_path, DASHBOARD_MAX_LOADS="1") as second:
+        masters = [p for p in psutil.Process().children() if any(f"{HOST}:{port}" in " ".join(p.cmdline())
+                                                                   for port in (first, second))]
+        assert len(masters) == 2
+        running, starters, done = [], set(), threading.Event()
+
+        def sample():
+            while not done.is_set():
+                jobs = 0
+                for master in masters:
+                    for worker in master.children():
+                        for job in worker.children():
+                            with contextlib.suppress(psutil.Error):
+                                if job.status() != psutil.STATUS_ZOMBIE:
+                                    jobs += 1
+                                    starters.add(master.pid)
+                running.append(jobs)
+                time.sleep(0.01)
+
+        def one(index_path):
+            index, path = index_path
+            page = DashSession(f"http://{HOST}:{(first, second)[index % 2]}/", timeout=60).open()
+            return path, page, loaded_store(page.call_background(
+                page.find("trial-store.data"), {"load-request.data": request_load(page, path)},
+                ["load-request.data"], poll_s=0.1, timeout_s=120))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            with ThreadPoolExecutor(len(written)) as pool:
+                loaded = list(pool.map(one, enumerate(written)))
+        finally:
+            done.set()
+            sampler.join(10)
+        for path, page, store in loaded:
+            assert shown_counts(show(page, store)) == counts(written[path])
+    assert max(running) == 1, sorted(running)[-5:]
+    assert len(starters) == 2  # each server ran some
+
+
+SLOW_CLIENTS = 50
+# What a load balancer's probe may wait (the container's HEALTHCHECK waits 5 s). With the slow
+# clients connected, /healthz answered in 3.2 ms (median), 18 ms at most, in 50 probes of 5 runs
+# on a shared 2-core machine; with gthread, 2 in 5 probes waited for ever.
+HEALTHZ_WITHIN_S = 1.0
+
+
+class SlowPosts:
+    """`count` clients that send a callback request's head, then its body a byte at a time every
+    `every_s`: a slow link, or a slowloris."""
+
+    def __init__(self, port: int, count: int, every_s: float = 0.5):
+        self.sockets = []
+        for _ in range(count):
+            sock = socket.create_connection((HOST, port), timeout=10)
+            sock.sendall(f"POST /_dash-update-component HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{".encode())
+            self.sockets.append(sock)
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._trickle, daemon=True)
+        self._thread.start()
+
+    def _trickle(self):
+        while not self._stop.wait(self.every_s):
+            for sock in self.sockets:
+                try:
+                    sock.sendall(b" ")
+                except OSError:
+                    pass  # closed by the server: what the timeout test waits for
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(10)
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_slow_clients_do_not_starve_the_shipped_server(tmp_path):
+    """Fifty clients trickling request bodies: /healthz still answers at once, every time.
+    gunicorn's gthread worker (the Dockerfile's before) gave each a thread that blocked on the
+    body, and 2 in 5 probes timed out."""
+    with dockerfile_server(tmp_path) as port:
+        slow = SlowPosts(port, SLOW_CLIENTS)
+        try:
+            time.sleep(1.0)  # every slow request's head is in
+            waits = []
+            for _ in range(10):  # new connections each: they land on every worker
+                started = time.monotonic()
+                answer = requests.get(f"http://{HOST}:{port}/healthz", timeout=HEALTHZ_WITHIN_S,
+                                      headers={"Connection": "close"})
+                waits.append(time.monotonic() - started)
+                assert answer.status_code == 200 and answer.text == "ok\n"
+                time.sleep(0.2)
+            assert max(waits) < HEALTHZ_WITHIN_S, waits
+        finally:
+            slow.close()
+
+
+def test_a_request_that_does_not_arrive_in_time_gets_408(tmp_path):
+    """A request body has a read deadline (DASHBOARD_REQUEST_TIMEOUT_S), however steadily it
+    trickles; a whole request sent at once is answered as usual."""
+    timeout_s = 2
+    with dockerfile_server(tmp_path, DASHBOARD_REQUEST_TIMEOUT_S=str(timeout_s)) as port:
+        assert requests.get(f"http://{HOST}:{port}/healthz", timeout=10).status_code == 200
+        slow = SlowPosts(port, 1, every_s=0.2)
+        sock = slow.sockets[0]
+        started = time.monotonic()
+        try:
+            answer = b""
+            while b"\r\n" not in answer and time.monotonic() - started < timeout_s + 10:
+                try:
+                    answer += sock.recv(4096)
+                except socket.timeout:
+                    pass
+            took = time.monotonic() - started
+        finally:
+            slow.close()
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+        # The deadline is checked at each piece that arrives (every 0.2 s here).
+        assert timeout_s <= took <= timeout_s + 2, took

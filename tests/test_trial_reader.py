@@ -31,10 +31,15 @@ def test_every_event_is_read_with_absolute_times(tmp_path):
     for kind in ("init", "getnext", "worker", "step"):
         expected = sorted((e.node, e.start_us, e.end_us) for e in synthetic.of_kind(kind))
         got = trial.framework[trial.framework["kind"] == kind]
-        assert sorted(zip(got["node"].astype(str), got["start_us"], got["end_us"])) == expected
+        assert sorted(zip(got["process"].astype(str), got["start_us"], got["end_us"])) == expected
     assert trial.framework["start_us"].dtype == "int64"
     assert str(trial.framework["node"].dtype) == "category"
-    assert trial.nodes == sorted({e.node for e in synthetic.events} | {"algo-1", "algo-2"})
+    # The nodes are the hosts; the framework node ids name the processes on them.
+    assert trial.nodes == ["algo-1", "algo-2"]
+    assert sorted(p.id for p in trial.processes) == sorted({e.node for e in synthetic.events})
+    assert all(p.id.endswith("-" + p.node) and p.rank is None for p in trial.processes)
+    assert trial.framework["node"].astype(str).tolist() == [p.split("-", 1)[1] for p in
+                                                             trial.framework["process"].astype(str)]
     assert len(trial.system) == synthetic.system_samples
     assert trial.report.files_read == len(synthetic.framework_files) + len(synthetic.system_files)
     assert trial.report.files_skipped == [] and trial.report.lines_skipped == 0

@@ -118,9 +118,11 @@ def test_clean_job_gets_no_findings_and_its_exact_verdict(tmp_path):
     assert expected < 5
     assert result.verdict.input_percent == pytest.approx(expected, abs=0.01)
     assert result.verdict.class_ == "not"
-    node = fmt.framework_node_id(MAIN_PID, 1)
-    assert set(result.nodes_verdict) == {node}
-    assert result.nodes_verdict[node].input_percent == result.verdict.input_percent
+    process = fmt.framework_node_id(MAIN_PID, 1)
+    assert set(result.nodes_verdict) == {"algo-1"}  # by host
+    assert set(result.processes_verdict) == {process}
+    assert result.nodes_verdict["algo-1"].input_percent == result.verdict.input_percent
+    assert result.processes_verdict[process].input_percent == result.verdict.input_percent
     assert "training steps" in result.verdict.basis
 
 
@@ -355,15 +357,24 @@ def test_nodes_get_their_own_verdicts_and_one_merged_finding(tmp_path):
     b = plant(str(tmp_path), host=2, getnext_us=lambda *_: 10_000, first_us=10_000, step_us=30_000,
               cpu_percent=97.0)
     result = dashboard.analyze(str(tmp_path))
-    nodes = {fmt.framework_node_id(MAIN_PID, 1): a, fmt.framework_node_id(MAIN_PID, 2): b}
+    nodes = {fmt.system_node_id(1): a, fmt.system_node_id(2): b}  # by host
     assert set(result.nodes_verdict) == set(nodes)
     for node, planted in nodes.items():
         assert result.nodes_verdict[node].input_percent == pytest.approx(planted.input_percent(), abs=0.01)
+    processes = [fmt.framework_node_id(MAIN_PID, 1), fmt.framework_node_id(MAIN_PID, 2)]
     wait = sum(e - s for p in nodes.values() for *_, s, e in p.getnext)
     train = sum(e - s for p in nodes.values() for s, e in p.windows())
     assert result.verdict.input_percent == pytest.approx(100.0 * wait / train, abs=0.01)
-    assert [r.id for r in result.recommendations] == ["cpu_saturated"]
-    assert result.recommendations[0].evidence["nodes"] == sorted(nodes)
+    by_id = {r.id: r for r in result.recommendations}
+    assert sorted(by_id) == ["cpu_saturated", "straggler_rank"]
+    assert by_id["cpu_saturated"].evidence["processes"] == sorted(processes)
+    # algo-1 waits 50 % of its training, algo-2 25 %: twice the other's share, 25 points above it.
+    straggler = by_id["straggler_rank"].evidence
+    assert (straggler["node"], straggler["process"]) == ("algo-1", processes[0])
+    a_wait = sum(e - s for *_, s, e in a.getnext) / 1e6
+    a_train = sum(e - s for s, e in a.windows()) / 1e6
+    b_share = sum(e - s for *_, s, e in b.getnext) / sum(e - s for s, e in b.windows())
+    assert straggler["excess_s"] == pytest.approx(a_wait - b_share * a_train, abs=0.002)
     # --node narrows the analysis to one node
     one = dashboard.analyze(str(tmp_path), node=fmt.system_node_id(2))
     assert one.verdict.input_percent == pytest.approx(b.input_percent(), abs=0.01)
@@ -377,8 +388,8 @@ def test_cli_json_and_text_lead_with_verdict_and_findings(tmp_path):
     assert data["format"] == "smdebug"
     assert data["verdict"]["class"] == "highly" and data["verdict"]["input_percent"] == pytest.approx(50.0)
     assert isinstance(data["verdict"]["basis"], str) and data["verdict"]["basis"]
-    node = fmt.framework_node_id(MAIN_PID, 1)
-    assert data["nodes_verdict"][node]["class"] == "highly"
+    assert data["nodes_verdict"]["algo-1"]["class"] == "highly"
+    assert data["processes_verdict"][fmt.framework_node_id(MAIN_PID, 1)]["class"] == "highly"
     [item] = data["recommendations"]
     assert set(item) == {"id", "text", "evidence", "saving_s", "change", "predicted"}
     assert item["id"] == "cpu_saturated" and item["change"] is None
@@ -399,4 +410,5 @@ def test_no_getnext_means_no_verdict(tmp_path):
     assert result.verdict.input_percent is None and result.verdict.class_ is None
     assert result.recommendations == [] and result.nodes_verdict == {}
     data = to_dict(result)
-    assert data["verdict"] == {"input_percent": None, "class": None, "basis": result.verdict.basis}
+    assert data["verdict"] == {"input_percent": None, "class": None, "basis": result.verdict.basis,
+                               "getnext_s": None, "training_s": None}

@@ -19,7 +19,7 @@ import pytest
 from selenium.webdriver.common.action_chains import ActionChains
 
 import dashboard
-from dashboard import synthetic
+from dashboard import display, synthetic
 from dashboard.web.server import SAMPLE_TRIAL, ServerOptions, create_app
 from tests.conftest import ROOT, free_port, upload_folder
 from test_web_units import costly_starts, record_kineto_trace, shown_text, training_percent, with_margin
@@ -167,13 +167,14 @@ def test_loads_a_trial_with_numbers_panels_and_timeline(dash_duo, tmp_path):
     wait_loaded(dash_duo, want["getnext"])
     assert text(dash_duo, "init-count") == str(want["init"]) == "4"
     assert text(dash_duo, "workers-count") == str(want["workers"]) == "4"
-    assert float(text(dash_duo, "getnext-median-us")) == pytest.approx(want["getnext_median_us"], abs=0.05)
-    assert float(text(dash_duo, "batchtime-median-s")) == pytest.approx(want["batch_median_s"], abs=1e-7)
+    assert text(dash_duo, "getnext-median-us") == display.duration_us(want["getnext_median_us"])
+    assert text(dash_duo, "batchtime-median-s") == display.duration_s(want["batch_median_s"])
     assert text(dash_duo, "getnext-outlier-count") == str(len(want["outliers"]))
     first_row = table_rows(dash_duo, "getnext-outliers")[0]
-    assert str(want["outliers"][0].duration_us) in first_row.text  # the longest first
+    assert display.duration_us(want["outliers"][0].duration_us) in first_row.text  # the longest first
     summary = text(dash_duo, "summary")
-    assert str(tmp_path / "trial") in summary and "20001-algo-1" in summary
+    # the host, with its process under it (not distributed: its pid)
+    assert str(tmp_path / "trial") in summary and "algo-1 (pid 20001)" in summary
     assert f"{len(written.framework_files) + len(written.system_files)} read, 0 skipped" in summary
     # The window starts as the whole job.
     events = written.events
@@ -199,7 +200,15 @@ def drag(driver, layer, from_px: int, step_px: int, steps: int):
     chain.release().perform()
 
 
-def test_dragging_on_the_overview_sets_the_window(dash_duo, tmp_path):
+def band_ms(driver) -> tuple[float, float] | None:
+    """The window's band on the overview (x0, x1 in epoch ms), None when it shows none."""
+    return driver.execute_script("""
+        const gd = document.querySelector('#overview-graph .js-plotly-plot');
+        const band = (gd.layout.shapes || []).find((s) => s.name === 'window');
+        return band ? [band.x0, band.x1] : null;""")
+
+
+def test_dragging_on_the_overview_sets_the_window_and_the_overview_stays_the_whole_job(dash_duo, tmp_path):
     written = write(tmp_path / "trial")
     start(dash_duo, tmp_path, tmp_path / "trial")
     wait_loaded(dash_duo, len(written.of_kind("getnext")))
@@ -208,6 +217,9 @@ def test_dragging_on_the_overview_sets_the_window(dash_duo, tmp_path):
     whole = window_range(dash_duo)
     layer_css = "#overview-graph .draglayer > .xy > .nsewdrag"
     scroll_to(driver, dash_duo.find_element(layer_css))
+    job = axis_ms(driver, "overview-graph")
+    assert job["r0"] * 1000 == pytest.approx(whole[0], abs=PLOTLY_DATE_US)
+    assert job["r1"] * 1000 == pytest.approx(whole[1], abs=PLOTLY_DATE_US)
 
     def drag_and_check(from_fraction: float, step: int, steps: int):
         """Drag over the overview; the window must be the dragged span (to a few pixels)."""
@@ -224,40 +236,36 @@ def test_dragging_on_the_overview_sets_the_window(dash_duo, tmp_path):
         wait_until(lambda: text(dash_duo, "window-range") != before, message="a new window")
         lo, hi = window_range(dash_duo)
         assert lo == pytest.approx(want_lo, abs=tolerance_us) and hi == pytest.approx(want_hi, abs=tolerance_us)
-        # The detail timeline spans exactly the window; so does the overview.
-        for graph in ("window-graph", "overview-graph"):
-            wait_until(lambda: abs(axis_ms(driver, graph)["r0"] * 1000 - lo) <= PLOTLY_DATE_US,
-                       message=f"{graph} range")
-            assert axis_ms(driver, graph)["r1"] * 1000 == pytest.approx(hi, abs=PLOTLY_DATE_US)
+        # The detail timeline spans exactly the window ...
+        wait_until(lambda: abs(axis_ms(driver, "window-graph")["r0"] * 1000 - lo) <= PLOTLY_DATE_US,
+                   message="window-graph range")
+        assert axis_ms(driver, "window-graph")["r1"] * 1000 == pytest.approx(hi, abs=PLOTLY_DATE_US)
+        # ... while the overview still shows the whole job, the window a band on it.
+        wait_until(lambda: (lambda b: b is not None and abs(b[0] * 1000 - lo) <= PLOTLY_DATE_US)(band_ms(driver)),
+                   message="the window's band on the overview")
+        assert band_ms(driver)[1] * 1000 == pytest.approx(hi, abs=PLOTLY_DATE_US)
+        now = axis_ms(driver, "overview-graph")
+        assert (now["r0"], now["r1"]) == pytest.approx((job["r0"], job["r1"]), abs=PLOTLY_DATE_US / 1000)
+        time.sleep(1)  # the redrawn overview clears plotly's selection box: that must not reset the window
+        assert window_range(dash_duo) == (lo, hi)
         return lo, hi
 
-    # A zoom drag (the default drag mode).
+    # A drag: a box select (the overview's only drag mode; it never zooms).
+    assert driver.execute_script(
+        "return document.querySelector('#overview-graph .js-plotly-plot')._fullLayout.dragmode") == "select"
+    assert not dash_duo.find_elements("#overview-graph .modebar-btn[data-val='zoom']")
     lo, hi = drag_and_check(0.3, 30, 8)
     query = urllib.parse.parse_qs(urllib.parse.urlparse(driver.current_url).query)
     assert iso_us(query["start"][0]) == lo and iso_us(query["end"][0]) == hi  # the URL carries it
-    # Double-click: the whole job again.
+    # Double-click: the whole job again, and no band.
     ActionChains(driver).double_click(dash_duo.find_element(layer_css)).perform()
     wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
-    # A box select.
-    ActionChains(driver).move_to_element(dash_duo.find_element("#overview-graph")).perform()
-    dash_duo.find_element("#overview-graph .modebar-btn[data-val='select']").click()
+    wait_until(lambda: band_ms(driver) is None, message="no band for the whole job")
+    # Two drags, the second inside the first's span, on the redrawn overview.
     drag_and_check(0.5, 25, 6)
-    # The redrawn overview stays in box-select mode: a second selection, inside the first.
-    assert driver.execute_script(
-        "return document.querySelector('#overview-graph .js-plotly-plot')._fullLayout.dragmode") == "select"
-    drag_and_check(0.2, 20, 6)
+    drag_and_check(0.55, 10, 4)
     dash_duo.find_element("#window-whole-job").click()  # the button: the whole job
     wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
-    # The range slider: its left handle moved right narrows the window from the left.
-    handle = dash_duo.find_element("#overview-graph .rangeslider-grabber-min")
-    before = window_range(dash_duo)
-    chain = ActionChains(driver, duration=50).move_to_element(handle).click_and_hold()
-    for _ in range(4):
-        chain.move_by_offset(10, 0)
-    chain.release().perform()
-    wait_until(lambda: window_range(dash_duo) != before, message="the slider's window")
-    slid = window_range(dash_duo)
-    assert before[0] < slid[0] < slid[1] and slid[1] == pytest.approx(before[1], abs=PLOTLY_DATE_US)
 
 
 def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):
@@ -273,23 +281,29 @@ def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):
         row.find_elements("css selector", ".ag-cell")[2].click()
         want_lo, want_hi = with_margin(outlier.start_us, outlier.end_us)
         wait_until(lambda: window_range(dash_duo) == (want_lo, want_hi), message=f"the window of outlier {rank}")
-        # The timeline follows: the detail and the overview show that window.
-        for graph in ("window-graph", "overview-graph"):
-            wait_until(lambda: abs(axis_ms(driver, graph)["r0"] * 1000 - want_lo) <= PLOTLY_DATE_US,
-                       message=f"{graph} at the outlier")
-            assert axis_ms(driver, graph)["r1"] * 1000 == pytest.approx(want_hi, abs=PLOTLY_DATE_US)
-    # The window's Gantt shows the outlier's GetNext (a bar starting at its start).
+        # The timeline follows: the detail shows that window, the overview (the whole job) its band.
+        wait_until(lambda: abs(axis_ms(driver, "window-graph")["r0"] * 1000 - want_lo) <= PLOTLY_DATE_US,
+                   message="window-graph at the outlier")
+        assert axis_ms(driver, "window-graph")["r1"] * 1000 == pytest.approx(want_hi, abs=PLOTLY_DATE_US)
+        wait_until(lambda: (lambda b: b is not None and abs(b[0] * 1000 - want_lo) <= PLOTLY_DATE_US)(
+            band_ms(driver)), message="the outlier's window on the overview")
+        assert band_ms(driver)[1] * 1000 == pytest.approx(want_hi, abs=PLOTLY_DATE_US)
+    # The window's Gantt shows the outlier's GetNext (a bar starting at its start), a stall: in the
+    # stalls' own trace, on the DataLoaderIter row.
     bars = driver.execute_script("""
         const gd = document.querySelector('#window-graph .js-plotly-plot');
-        const trace = gd._fullData.find((t) => t.name === 'DataLoaderIter');
+        const trace = gd._fullData.find((t) => t.meta === 'stall-bars');
         return Array.from(trace.x).filter((v, i) => i % 4 === 0);
     """)
     assert any(abs(v * 1000 - want["outliers"][1].start_us) <= 1 for v in bars)
 
     # The two filters of the window, as plot_the_window's select_events / select_dimensions.
     def trace_names():
+        """The events' and the metrics' traces (not those derived from them: stalls, the loader's
+        batches, the selected outlier's mark, which carry a meta naming them)."""
         return set(driver.execute_script("""
-            return document.querySelector('#window-graph .js-plotly-plot')._fullData.map((t) => t.name);"""))
+            return document.querySelector('#window-graph .js-plotly-plot')._fullData
+                .filter((t) => !t.meta).map((t) => t.name);"""))
 
     assert {"DataLoaderIter", "Step:ModeKeys.TRAIN", "cpu0", "cpu1", "MemoryUsedPercent"} <= trace_names()
     for box, value in (("#select-events", "GetNext"), ("#select-dimensions", "cpu0")):
@@ -314,10 +328,10 @@ def test_a_link_opens_the_same_trial_node_and_window(dash_duo, tmp_path):
     dash_duo.driver.get(f"{dash_duo.server_url}/?{query}")
     wait_loaded(dash_duo, second["getnext"])
     assert dash_duo.find_element("#trial-path").get_attribute("value") == str(tmp_path / "trial")
-    assert float(text(dash_duo, "getnext-median-us")) == pytest.approx(second["getnext_median_us"], abs=0.05)
+    assert text(dash_duo, "getnext-median-us") == display.duration_us(second["getnext_median_us"])
     wait_until(lambda: window_range(dash_duo) == (lo, hi), message="the linked window")
     nodes_verdict = dashboard.analyze(str(tmp_path / "trial")).nodes_verdict
-    assert text(dash_duo, "verdict-percent") == f"{nodes_verdict['20002-algo-2'].input_percent:.1f}"
+    assert text(dash_duo, "verdict-percent") == f"{nodes_verdict['algo-2'].input_percent:.1f}"
     assert not dash_duo.driver.find_elements("css selector", "#verdict-nodes")  # one node: no table
     # The node selector: all nodes again, with a verdict per node.
     dash_duo.select_dcc_dropdown("#node-select", value="all nodes")
@@ -336,7 +350,7 @@ def test_loads_a_trial_from_s3_and_shows_s3_errors(dash_duo, tmp_path, s3_client
     upload_folder(s3_client, str(tmp_path / "trial"), "trials", "job-1/profiler-output")
     s3_client.create_bucket(Bucket="empty-bucket")
     start(dash_duo, tmp_path, tmp_path / "local", s3_buckets=["trials", "empty-bucket", "no-such-bucket"])
-    dash_duo.wait_for_contains_text("#error-message", "no such folder", timeout=30)
+    dash_duo.wait_for_contains_text("#error-message", "no such file or folder", timeout=30)
 
     def load(path):
         type_path(dash_duo, path)
@@ -347,7 +361,7 @@ def test_loads_a_trial_from_s3_and_shows_s3_errors(dash_duo, tmp_path, s3_client
     wait_loaded(dash_duo, want["getnext"])
     assert text(dash_duo, "init-count") == str(want["init"])
     assert text(dash_duo, "workers-count") == str(want["workers"])
-    assert float(text(dash_duo, "batchtime-median-s")) == pytest.approx(want["batch_median_s"], abs=1e-7)
+    assert text(dash_duo, "batchtime-median-s") == display.duration_s(want["batch_median_s"])
     assert text(dash_duo, "error-message") == ""
     assert "s3://trials/job-1/profiler-output" in text(dash_duo, "summary")
     for path, message in (("s3://secret-bucket/job", "is not in the allowed buckets"),
@@ -368,7 +382,7 @@ def test_bad_paths_show_a_clear_error_and_the_app_keeps_serving(dash_duo, tmp_pa
     empty.mkdir(parents=True)
     (empty / "1795986612928243_1-algo-1_pythontimeline.json").write_text("")
     start(dash_duo, tmp_path, tmp_path / "missing")
-    dash_duo.wait_for_contains_text("#error-message", "no such folder", timeout=30)
+    dash_duo.wait_for_contains_text("#error-message", "no such file or folder", timeout=30)
     for path, message in ((str(tmp_path / "notes"), "not a trial"),
                           (str(tmp_path / "empty"), "holds no events"),
                           ("/etc", "outside the allowed data roots"),
@@ -431,6 +445,21 @@ def test_the_bundled_sample_trial_loads_by_default(dash_duo, tmp_path):
     path = os.path.join(os.environ.get("DASHBOARD_SCREENSHOTS", str(tmp_path)), "dashboard-sample-verdict.png")
     screenshot(dash_duo.driver, path)
     assert os.path.getsize(path) > 50_000
+    # At the two widths the page was tried at: every outlier table whole inside its panel.
+    from dashboard.web.layout import OUTLIER_COLUMNS, OUTLIER_TABLES
+
+    driver = dash_duo.driver
+    for width, height in ((1440, 900), (1920, 1080)):
+        at_size(driver, width, height)
+        time.sleep(0.5)  # the grids re-fit their columns
+        for table in OUTLIER_TABLES:
+            fit = table_fit(driver, table)
+            assert fit["headers"] == len(OUTLIER_COLUMNS[table]), (width, table, fit)
+            assert fit["right"] <= fit["panel_right"] and fit["scroll"] <= fit["width"], (width, table, fit)
+        driver.execute_script("window.scrollTo(0, document.querySelector('.grid').getBoundingClientRect().top"
+                              " + window.scrollY - document.querySelector('.header').offsetHeight - 8)")
+        time.sleep(0.3)
+        driver.save_screenshot(os.path.join(os.path.dirname(path), f"sample-{width}x{height}-panels.png"))
 
 
 def shown_findings(dash_duo) -> list[str]:
@@ -462,7 +491,7 @@ def test_the_verdict_and_findings_lead_the_summary_and_show_their_evidence(dash_
         if finding.saving_s is None:
             assert "saves about" not in item.text
         else:
-            assert f"saves about {finding.saving_s:.2f} s" in item.text
+            assert f"saves about {display.duration_s(finding.saving_s)}" in item.text
     # First on the page: the verdict and the findings come before what was read.
     summary = text(dash_duo, "summary")
     assert summary.index("highly") < summary.index("Workers are re-created") < summary.index(str(tmp_path / "trial"))
@@ -493,9 +522,12 @@ def test_a_kineto_trace_says_not_recorded_instead_of_zero(dash_duo, tmp_path):
     wait_loaded(dash_duo, calls)
     result = dashboard.analyze(str(tmp_path / "trace"))
     assert result.trial.format == "kineto"
-    for count, note in (("init-count", "init-not-recorded"), ("workers-count", "workers-not-recorded")):
+    for count, note, body in (("init-count", "init-not-recorded", "init-body"),
+                              ("workers-count", "workers-not-recorded", "workers-body")):
         assert text(dash_duo, count) == "not recorded"
         assert text(dash_duo, note).startswith("not recorded (PyTorch profiler trace)")
+        # Nothing drawn for what was not recorded: the note is the panel's one line.
+        wait_until(lambda: not dash_duo.find_element(f"#{body}").is_displayed(), message=f"{body} collapsed")
     assert "worker processes" in text(dash_duo, "not-recorded")
     # The slow first batches (workers starting) are outliers of no known worker.
     rows = table_rows(dash_duo, "getnext-outliers")
@@ -526,6 +558,24 @@ def test_a_clean_trial_has_no_findings_and_a_too_large_one_is_refused(dash_duo, 
     assert str(tmp_path / "big") in message and "--max-events" in message
     assert_no_traceback(dash_duo)
     assert text(dash_duo, "getnext-count") == str(len(clean.of_kind("getnext")))  # the last good trial stays
+    # ... and the page says whose it is: the path box shows the refused one.
+    assert dash_duo.find_element("#trial-path").get_attribute("value") == str(tmp_path / "big")
+    banner = dash_duo.find_element("#shown-trial")
+    assert "stale" in banner.get_attribute("class").split()
+    assert banner.text == (f"{tmp_path / 'big'} was not loaded. The panels below still show the previous trial: "
+                           f"{tmp_path / 'clean'}")
+    # The panels are dimmed with it; a good load undoes both.
+    assert float(driver_style(dash_duo, ".grid", "opacity")) < 1
+    type_path(dash_duo, str(tmp_path / "clean"))
+    dash_duo.find_element("#load-trial").click()
+    dash_duo.wait_for_text_to_equal("#shown-trial", f"Showing {tmp_path / 'clean'}", timeout=30)
+    assert "stale" not in dash_duo.find_element("#shown-trial").get_attribute("class").split()
+    assert float(driver_style(dash_duo, ".grid", "opacity")) == 1
+
+
+def driver_style(dash_duo, css: str, name: str) -> str:
+    return dash_duo.driver.execute_script(
+        "return getComputedStyle(document.querySelector(arguments[0]))[arguments[1]]", css, name)
 
 
 def test_gunicorn_workers_share_one_cache(dash_duo, tmp_path):
@@ -557,3 +607,114 @@ def test_gunicorn_workers_share_one_cache(dash_duo, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+# --- the page at 1440 x 900, as a user reads it -------------------------------------------------
+
+def at_size(driver, width: int, height: int) -> None:
+    """The browser's viewport at width x height (headless Chromium: its window is its viewport)."""
+    driver.set_window_size(width, height)
+    inner = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+    driver.set_window_size(2 * width - inner[0], 2 * height - inner[1])
+    assert driver.execute_script("return [window.innerWidth, window.innerHeight]") == [width, height]
+
+
+def table_fit(driver, table_id: str) -> dict:
+    """Where a table's cells end against its panel, and whether it scrolls sideways."""
+    return driver.execute_script("""
+        const grid = document.getElementById(arguments[0]);
+        const panel = grid.closest('.panel').getBoundingClientRect();
+        const headers = Array.from(grid.querySelectorAll('.ag-header-cell'));
+        const cells = headers.concat(Array.from(grid.querySelectorAll('.ag-center-cols-container .ag-cell')));
+        const viewport = grid.querySelector('.ag-center-cols-viewport');
+        const last = headers.reduce((a, b) => (b.getBoundingClientRect().right > a.getBoundingClientRect().right ? b : a));
+        return {panel_right: panel.right, right: Math.max(...cells.map((c) => c.getBoundingClientRect().right)),
+                last: last.innerText.trim(), headers: headers.length, rows: grid.querySelectorAll(
+                    '.ag-center-cols-container .ag-row').length,
+                scroll: viewport.scrollWidth, width: viewport.clientWidth};
+    """, table_id)
+
+
+def marks(driver, graph_id: str) -> list:
+    """The x of a graph's selected-outlier mark (epoch ms), from the figure's data."""
+    return driver.execute_script("""
+        const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+        return gd.data.filter((t) => t.meta === 'selected-outlier').map((t) => Array.from(t.x));
+    """, graph_id)
+
+
+def test_at_1440_the_tables_fit_an_outlier_is_marked_and_the_header_hides_nothing(dash_duo, tmp_path):
+    from dashboard.web.layout import OUTLIER_COLUMNS, OUTLIER_TABLES
+
+    written = write(tmp_path / "trial", init_us=(40_000, 160_000))
+    want = expected(written)
+    start(dash_duo, tmp_path, tmp_path / "trial")
+    driver = dash_duo.driver
+    at_size(driver, 1440, 900)
+    wait_loaded(dash_duo, want["getnext"])
+    for graph in GRAPHS:
+        wait_until(lambda: graph_points(driver, graph) > 0, message=f"data in {graph}")
+    shots = os.environ.get("DASHBOARD_SCREENSHOTS", str(tmp_path))
+    driver.save_screenshot(os.path.join(shots, "page-1440x900-top.png"))
+    # Every outlier table: all its columns drawn, the last inside its panel, no sideways scrolling.
+    for table in OUTLIER_TABLES:
+        fit = table_fit(driver, table)
+        assert fit["headers"] == len(OUTLIER_COLUMNS[table]), (table, fit)
+        assert fit["last"] == OUTLIER_COLUMNS[table][-1]["headerName"], (table, fit)
+        assert fit["right"] <= fit["panel_right"], (table, fit)
+        assert fit["scroll"] <= fit["width"], (table, fit)
+    assert table_fit(driver, "getnext-outliers")["rows"] > 0 and table_fit(driver, "init-outliers")["rows"] > 0
+    # A long iterator class is shortened, whole in its tooltip.
+    cell = dash_duo.find_element("#init-iterators .ag-center-cols-container .ag-cell[col-id='type_short']")
+    whole = [c for c in (cell, *cell.find_elements("css selector", "*")) if c.get_attribute("title")]
+    assert cell.text in ("MultiProcessingIter", "SingleProcessIter")
+    assert whole and whole[0].get_attribute("title") in (synthetic.TRAIN_ITER, synthetic.VAL_ITER)
+    assert display.short_name(whole[0].get_attribute("title")) == cell.text
+    # An outlier click: the page scrolls to the timeline, whose title clears the sticky header.
+    for rank in (0, 1):
+        outlier = want["outliers"][rank]
+        row = table_rows(dash_duo, "getnext-outliers")[rank]
+        scroll_to(driver, row)
+        row.find_elements("css selector", ".ag-cell")[1].click()
+        wait_until(lambda: window_range(dash_duo) == with_margin(outlier.start_us, outlier.end_us),
+                   message=f"the window of outlier {rank}")
+        header = driver.execute_script("return document.querySelector('.header').getBoundingClientRect().bottom")
+        title = wait_until(lambda: (lambda top: top if top >= header else None)(driver.execute_script(
+            "return document.querySelector('#timeline h2').getBoundingClientRect().top")),
+            message="the timeline's title below the header")
+        assert title < 900
+        # The clicked outlier is marked in both figures' data (and only it).
+        wait_until(lambda: marks(driver, "window-graph") and min(marks(driver, "window-graph")[0]) * 1000 == pytest.approx(
+            outlier.start_us, abs=PLOTLY_DATE_US), message="the outlier's mark on the window")
+        [outline] = marks(driver, "window-graph")
+        assert max(outline) * 1000 == pytest.approx(outlier.end_us, abs=PLOTLY_DATE_US)
+        [line] = marks(driver, "overview-graph")
+        assert (min(line) * 1000, max(line) * 1000) == pytest.approx((outlier.start_us, outlier.end_us),
+                                                                     abs=PLOTLY_DATE_US)
+        if rank == 0:
+            driver.save_screenshot(os.path.join(shots, "page-1440x900-outlier.png"))
+    # It stays marked when the window moves (a real drag on the overview, which stays the whole job).
+    job = axis_ms(driver, "overview-graph")
+    layer = dash_duo.find_element("#overview-graph .draglayer > .xy > .nsewdrag")
+    before = text(dash_duo, "window-range")
+    drag(driver, layer, round(job["length"] * 0.2), 40, 6)
+    wait_until(lambda: text(dash_duo, "window-range") != before, message="the dragged window")
+    after = axis_ms(driver, "overview-graph")
+    assert (after["r0"], after["r1"]) == pytest.approx((job["r0"], job["r1"]), abs=PLOTLY_DATE_US / 1000)
+    second = want["outliers"][1]
+    wait_until(lambda: marks(driver, "overview-graph") and min(marks(driver, "overview-graph")[0]) * 1000 == pytest.approx(
+        second.start_us, abs=PLOTLY_DATE_US), message="the mark after the drag")
+    assert len(marks(driver, "window-graph")) == 1
+    for name, css, edge in (("panels", ".grid", "top"), ("panels-lower", "#getnext-outliers", "bottom"),
+                            ("window", "#window-graph", "bottom")):
+        # The element's top just under the sticky header, or its bottom at the foot of the screen.
+        driver.execute_script("""
+            const box = document.querySelector(arguments[0]).getBoundingClientRect();
+            const header = document.querySelector('.header').getBoundingClientRect().height;
+            window.scrollTo(0, window.scrollY + (arguments[1] === 'top' ? box.top - header - 8
+                                                                           : box.bottom - window.innerHeight + 8));
+        """, css, edge)
+        time.sleep(0.3)
+        driver.save_screenshot(os.path.join(shots, f"page-1440x900-{name}.png"))
+    screenshot(driver, os.path.join(shots, "page-1440x900-full.png"))
+    assert os.path.getsize(os.path.join(shots, "page-1440x900-full.png")) > 50_000

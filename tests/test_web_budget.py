@@ -16,12 +16,13 @@ from selenium.webdriver.common.keys import Keys
 
 import dashboard
 from dashboard.analysis.diagnosis import PARTS
+from dashboard.display import duration_s
 from dashboard.report import PART_WORDS
 from dashboard.web import figures, layout, views
 from dashboard.web.server import SAMPLE_TRIAL, ServerOptions, create_app
 from tests.conftest import free_port
-from test_web_browser import (PLOTLY_DATE_US, assert_no_traceback, axis_ms, scroll_to, text, wait_until,
-                              window_range)
+from test_web_browser import (PLOTLY_DATE_US, assert_no_traceback, band_ms, scroll_to, text,
+                              wait_until, window_range)
 from test_web_units import by_id, component_text, find_components, with_margin
 
 needs_sample = pytest.mark.skipif(not os.path.isdir(SAMPLE_TRIAL), reason="the bundled sample trial is missing")
@@ -109,7 +110,8 @@ def test_the_budget_shows_each_training_loaders_parts_and_a_click_shows_a_part(d
     # The sums are on the page in words too, with the residual named.
     block = text(dash_duo, "budget")
     for item in budget:
-        assert f"waits {item.wait_s:.2f} s of {item.training_s:.2f} s ({100 * item.wait_s / item.training_s:.1f} %)" \
+        assert (f"waits {duration_s(item.wait_s)} of {duration_s(item.training_s)} "
+                f"({100 * item.wait_s / item.training_s:.1f} %)") \
             in block
     assert "unexplained (residual)" in block
     # A click on the slow samples ("tail") of the 2-worker loader: the window is its longest wait.
@@ -120,9 +122,10 @@ def test_the_budget_shows_each_training_loaders_parts_and_a_click_shows_a_part(d
     assert whole != want
     click_bar(dash_duo, tail, 0)
     wait_until(lambda: window_range(dash_duo) == want, message="the window of the slow samples")
-    wait_until(lambda: abs(axis_ms(driver, "overview-graph")["r0"] * 1000 - want[0]) <= PLOTLY_DATE_US,
-               message="the overview at the slow samples")
-    assert axis_ms(driver, "overview-graph")["r1"] * 1000 == pytest.approx(want[1], abs=PLOTLY_DATE_US)
+    # The overview (the whole job) shows that window as its band.
+    wait_until(lambda: (lambda b: b is not None and abs(b[0] * 1000 - want[0]) <= PLOTLY_DATE_US)(band_ms(driver)),
+               message="the overview's band at the slow samples")
+    assert band_ms(driver)[1] * 1000 == pytest.approx(want[1], abs=PLOTLY_DATE_US)
     # Start-up: its own longest wait.
     want_startup = with_margin(*budget[0].windows["startup"][0])
     click_bar(dash_duo, PARTS.index("startup"), 0)
@@ -167,7 +170,7 @@ def test_typing_a_what_if_shows_the_predicted_bar_and_a_bad_value_its_message(da
         now = want.now
         line = result_lines(dash_duo)[key]
         assert (f"waiting {100 * now['wait_fraction']:.1f} % → {100 * then['wait_fraction']:.1f} % of training, "
-                f"training {now['training_s']:.2f} s → {then['training_s']:.2f} s") in line
+                f"training {duration_s(now['training_s'])} → {duration_s(then['training_s'])}") in line
     assert text(dash_duo, "what-if-error") == ""
     # A bad value: the library's message beside the inputs, no prediction, no traceback.
     with pytest.raises(ValueError) as bad:
@@ -192,7 +195,7 @@ def test_typing_a_what_if_shows_the_predicted_bar_and_a_bad_value_its_message(da
     wait_until(lambda: list(result_lines(dash_duo)) == [key], message="the finding's loader alone")
     then = finding.predicted
     assert f"→ {100 * then['wait_fraction']:.1f} % of training" in result_lines(dash_duo)[key]
-    assert f"→ {then['training_s']:.2f} s" in result_lines(dash_duo)[key]
+    assert f"→ {duration_s(then['training_s'])}" in result_lines(dash_duo)[key]
     assert "True" in text(dash_duo, "what-if-persistent-workers")
     assert dash_duo.find_element("#what-if-num-workers").get_attribute("value") == ""
 
@@ -236,7 +239,9 @@ def test_budget_view_draws_every_part_of_every_training_loader(sample_view, samp
         assert trace["x"] == [b.parts[trace["meta"]] for b in sample.budget]
         assert trace["marker"]["color"] == figures.PART_COLORS[trace["meta"]]
         assert trace["name"].startswith(PART_WORDS[trace["meta"]])
-        assert "% of training" in trace["hovertemplate"] and " s, " in trace["hovertemplate"]
+        assert "% of training" in trace["hovertemplate"] and "%{customdata[6]}, " in trace["hovertemplate"]
+        # The seconds on hover are written as everywhere else (display.duration_s).
+        assert [c[6] for c in trace["customdata"]] == [duration_s(b.parts[trace["meta"]]) for b in sample.budget]
     assert traces[-1]["x"] == [pytest.approx(b.training_s - b.wait_s) for b in sample.budget]
     # Each part's window: its longest GetNext with an outlier click's margin; none without one.
     for row, item in zip(rows, sample.budget):
@@ -323,7 +328,7 @@ def test_findings_carry_their_predicted_effect_once(sample_view, sample):
         then = item.predicted
         assert shown["predicted"]["text"] == (
             f"waiting {100 * now['wait_fraction']:.1f} % → {100 * then['wait_fraction']:.1f} % of training, "
-            f"training {now['training_s']:.2f} s → {then['training_s']:.2f} s")
+            f"training {duration_s(now['training_s'])} → {duration_s(then['training_s'])}")
         assert shown["predicted"]["change"] == ", ".join(f"{k}={v}" for k, v in item.change.items())
         # The text says the rest, without repeating the prediction.
         assert "Predicted:" not in shown["text"] and item.text.startswith(shown["text"][:40])

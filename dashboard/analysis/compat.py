@@ -85,7 +85,8 @@ class PandasFrame:
             "start_time": _human(fw["start_us"]), "end_time": _human(fw["end_us"]),
             "start_time_us": fw["start_us"], "end_time_us": fw["end_us"], "tid": fw["pid"],
             "pid": fw["pid"], "framework_metric": fw["name"], "step": fw["step"].fillna(-1),
-            "bytes": -1, "process": fw["phase"], "nodeID": fw["node"]}).reset_index(drop=True)
+            # nodeID as the reference has it: the framework node id (`<pid>-algo-1`, `<rank>-algo-1`)
+            "bytes": -1, "process": fw["phase"], "nodeID": fw["process"]}).reset_index(drop=True)
 
     def get_all_dataloader_metrics(self, selected_framework_metrics: Sequence[str] = ()) -> pd.DataFrame:
         fw = self.trial.framework
@@ -98,7 +99,7 @@ class PandasFrame:
             "duration_us": fw["duration_us"], "pid": fw["pid"], "framework_metric": fw["name"],
             "step": fw["step"].fillna(-1), "worker_id": fw["worker_id"].fillna(-1),
             "num_workers": fw["num_workers"].fillna(-1), "pin_memory": pin, "process": fw["phase"],
-            "node_id": fw["node"]}).reset_index(drop=True)
+            "node_id": fw["process"]}).reset_index(drop=True)
 
 
 def _with_times(frame: pd.DataFrame, start="start_us", end="end_us") -> pd.DataFrame:

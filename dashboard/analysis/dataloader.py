@@ -18,10 +18,11 @@ from .. import format as fmt
 DEFAULT_OUTLIER_FACTOR = 2.0
 # Event and metric filters are short names; a huge pattern only costs the server time.
 MAX_PATTERN_CHARS = 1000
-INIT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "node", "pid", "type"]
-WORKER_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node"]
-GETNEXT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node"]
-BATCH_OUTLIER_COLUMNS = ["start_us", "end_us", "batch_time_s", "pid", "node", "worker_id"]
+# `node` is the host; `rank` the training rank where known (see trial/frames.py).
+INIT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "node", "rank", "pid", "type"]
+WORKER_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node", "rank"]
+GETNEXT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node", "rank"]
+BATCH_OUTLIER_COLUMNS = ["start_us", "end_us", "batch_time_s", "pid", "node", "rank", "worker_id"]
 
 
 def outlier_threshold(values: pd.Series, factor: float = DEFAULT_OUTLIER_FACTOR) -> float | None:
@@ -193,7 +194,7 @@ def ints_or(values: pd.Series, missing: int) -> np.ndarray:
 
 @dataclass
 class _Segments:
-    """The GetNext calls in (node, pid, start) order, with the iterator each belongs to."""
+    """The GetNext calls in (process, pid, start) order, with the iterator each belongs to."""
     rows: np.ndarray  # positions of the calls in the framework frame, in this order
     segment: np.ndarray  # iterator id per call in this order: consecutive runs of equal ids
     start_us: np.ndarray
@@ -205,15 +206,15 @@ def _segments(framework: pd.DataFrame) -> _Segments:
     is_call = (framework["kind"] == fmt.KIND_GETNEXT).to_numpy()
     rows = np.flatnonzero(is_call | (framework["kind"] == fmt.KIND_INIT).to_numpy())
     calls_first = is_call[rows]
-    node = _codes(framework["node"])[rows]
+    process = _codes(framework["process"])[rows]
     pid = ints_or(framework["pid"], -1)[rows]
     cls = _class_codes(framework["name"])[rows]
     start = framework["start_us"].to_numpy(dtype=np.int64)[rows]
     # Initializations of the call's class on the call's process that started before it (or
     # at the same time): a change in that count starts a new iterator.
-    order = np.lexsort((calls_first, start, cls, pid, node))
+    order = np.lexsort((calls_first, start, cls, pid, process))
     same_group = np.zeros(len(order), dtype=bool)
-    same_group[1:] = ((node[order][1:] == node[order][:-1]) & (pid[order][1:] == pid[order][:-1])
+    same_group[1:] = ((process[order][1:] == process[order][:-1]) & (pid[order][1:] == pid[order][:-1])
                       & (cls[order][1:] == cls[order][:-1]))
     inits_seen = np.cumsum(~calls_first[order])
     group_base = np.where(same_group, 0, inits_seen - (~calls_first[order]))
@@ -221,12 +222,12 @@ def _segments(framework: pd.DataFrame) -> _Segments:
     inits_before[order] = inits_seen - np.maximum.accumulate(group_base)
     # The calls alone, by process and time.
     call_rows = np.flatnonzero(calls_first)
-    node, pid, cls, start, inits_before = (a[call_rows] for a in (node, pid, cls, start, inits_before))
+    process, pid, cls, start, inits_before = (a[call_rows] for a in (process, pid, cls, start, inits_before))
     iterator_id = ints_or(framework["iterator_id"], -1)[rows[call_rows]]
-    order = np.lexsort((start, pid, node))
+    order = np.lexsort((start, pid, process))
     new = np.zeros(len(order), dtype=bool)
     new[:1] = True
-    for key in (node, pid, cls, inits_before, iterator_id):
+    for key in (process, pid, cls, inits_before, iterator_id):
         ordered = key[order]
         new[1:] |= ordered[1:] != ordered[:-1]
     return _Segments(rows=rows[call_rows][order], segment=np.cumsum(new), start_us=start[order])
@@ -253,7 +254,7 @@ def analyze_batchtime(framework: pd.DataFrame,
     Each batch is attributed to the interval [this start, next start]: the time the training
     loop spent on this batch, fetch included. The last GetNext of an iterator has none.
     """
-    columns = ["start_us", "end_us", "batch_time_s", "pid", "node", "worker_id", "segment"]
+    columns = ["start_us", "end_us", "batch_time_s", "pid", "node", "rank", "worker_id", "segment"]
     found = _segments(framework)
     has_next = found.segment[1:] == found.segment[:-1]
     rows = found.rows[:-1][has_next]
@@ -263,7 +264,7 @@ def analyze_batchtime(framework: pd.DataFrame,
     rows, start, end = rows[by_start], start[by_start], end[by_start]
     batches = pd.DataFrame({
         "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
-        **{name: framework[name].array.take(rows) for name in ("pid", "node", "worker_id")},
+        **{name: framework[name].array.take(rows) for name in ("pid", "node", "rank", "worker_id")},
         "segment": found.segment[:-1][has_next][by_start]}, columns=columns)
     return BatchTimeResult(
         count=len(batches), median_s=_median(batches["batch_time_s"]),

@@ -2,8 +2,9 @@
 
 A figure never needs more than a few points per horizontal pixel. These helpers pick,
 per pixel bucket, the points that keep the picture the same (the minimum and the
-maximum of each bucket, in time order), merge intervals that would overlap on screen,
-and count values into log-spaced bins. They return indices or small arrays, so a caller
+maximum of each bucket, in time order), keep every point over a threshold (a stall is
+never lost to a neighbour that happens to share its pixel), merge intervals that would
+overlap on screen, and count values into log-spaced bins. They return indices or small arrays, so a caller
 can carry any other column (hover text, ids) along.
 """
 from __future__ import annotations
@@ -45,6 +46,38 @@ def minmax_indices(x: np.ndarray, y: np.ndarray, buckets: int = DEFAULT_BUCKETS,
     keep = [_first_where(ys == np.minimum.reduceat(ys, starts)[segment], segment),
             _first_where(ys == np.maximum.reduceat(ys, starts)[segment], segment)]
     return index[np.unique(np.concatenate(keep))]
+
+
+# Points over a threshold kept one by one up to this many; past it, the largest of each bucket.
+MAX_PEAKS = 5_000
+
+
+def peaks_over(x: np.ndarray, y: np.ndarray, threshold: float, buckets: int = DEFAULT_BUCKETS,
+               lo: float | None = None, hi: float | None = None, limit: int = MAX_PEAKS) -> np.ndarray:
+    """Indices of the points whose y is over `threshold`, in x order: every one of them when
+    there are at most `limit`; else the largest of each of `buckets` equal x-buckets that
+    holds any, so that no stretch of time with a stall is drawn without one.
+
+    For the marks of GetNext stalls, drawn over a series that minmax_indices reduced (which
+    keeps one maximum per bucket: two stalls in a bucket would lose one).
+    """
+    x = np.asarray(x)
+    y = np.asarray(y, dtype="float64")
+    over = np.flatnonzero(y > threshold)
+    if len(over) > 1 and np.any(x[over][1:] < x[over][:-1]):
+        over = over[np.argsort(x[over], kind="stable")]
+    if len(over) <= limit:
+        return over
+    xs = x[over].astype("float64")
+    lo = float(xs[0]) if lo is None else float(lo)
+    hi = float(xs[-1]) if hi is None else float(hi)
+    buckets = max(1, int(buckets))
+    width = (hi - lo) / buckets if hi > lo else 1.0
+    bucket = np.clip(((xs - lo) / width).astype("int64"), 0, buckets - 1)
+    # Largest first within each bucket, then the first of each bucket.
+    order = np.lexsort((-y[over], bucket))
+    first = order[np.r_[True, bucket[order][1:] != bucket[order][:-1]]]
+    return over[np.sort(first)]
 
 
 def _first_where(hit: np.ndarray, segment: np.ndarray) -> np.ndarray:

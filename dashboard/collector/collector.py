@@ -249,7 +249,8 @@ class Collector:
         config = SinkConfig(out=self.out, node=self.node, system_node=self.system_node,
                             start_us=time.time_ns() // 1000, main_pid=os.getpid(), spool_dir=self._spool_dir,
                             rotate_s=self.rotate_s, system_interval_s=self.system_interval_s, gpu=self.gpu,
-                            tick_s=min(0.5, self.flush_s), upload_timeout_s=self.upload_timeout_s)
+                            tick_s=min(0.5, self.flush_s), upload_timeout_s=self.upload_timeout_s,
+                            rank=identity.rank, local_rank=identity.local_rank)
         self._start_sink(config)
         self._owner_pid = os.getpid()
         self._buffer = _Buffer()

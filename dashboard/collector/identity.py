@@ -28,6 +28,7 @@ class Identity:
     system_node: str | None  # None: another local rank records this host's system metrics
     rank: int | None
     host_index: int
+    local_rank: int | None = None
 
 
 def host_index(env: Mapping[str, str]) -> int:
@@ -66,4 +67,4 @@ def identify(env: Mapping[str, str] | None = None, pid: int | None = None) -> Id
         records_system = rank is None or rank == 0
     node = fmt.framework_node_id(rank if rank is not None else pid, host)
     return Identity(node=node, system_node=fmt.system_node_id(host) if records_system else None,
-                    rank=rank, host_index=host)
+                    rank=rank, host_index=host, local_rank=None if local_rank is None else int(local_rank))

@@ -76,6 +76,8 @@ class SinkConfig:
     gpu: bool = True
     tick_s: float = 0.5
     upload_timeout_s: float = protocol.DEFAULT_UPLOAD_TIMEOUT_S
+    rank: int | None = None  # the training rank and local rank, when the job is distributed
+    local_rank: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -419,6 +421,10 @@ class Sink:
                     fmt.ARG_PREFETCH: record.get("pf"), fmt.ARG_IN_ORDER: bool(record.get("order", True)),
                     fmt.ARG_ITERATOR_ID: iid,
                     fmt.ARG_STEP: str(loader.batches)}
+            if self.config.rank is not None:
+                args[fmt.ARG_RANK] = self.config.rank
+            if self.config.local_rank is not None:
+                args[fmt.ARG_LOCAL_RANK] = self.config.local_rank
             self._write_one(self._pid_init, fmt.init_event_name(cls), start_us, end_us, args)
         elif kind == "end":
             start_us, end_us = int(record["t0"]) // 1000, int(record["t1"]) // 1000

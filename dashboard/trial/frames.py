@@ -1,7 +1,11 @@
 """The canonical frames: one schema for every format, defined here once.
 
 framework: one row per event
-    node (category)          framework node id, e.g. "20557-algo-1" or "0-algo-1"
+    node (category)          the host, e.g. "algo-1" (SageMaker) or a host name
+    process (category)       the process on its host, as the reference names framework nodes:
+                             "<pid>-<host>", or "<rank>-<host>" in a distributed job
+    rank (Int64)             the process's training rank, <NA> when unknown or not distributed
+    local_rank (Int64)       its rank on its host, <NA> when unknown
     pid (Int64)              OS process id of the process that recorded the event
     phase (category)         trace phase, e.g. "DataLoaderIter", "Step:ModeKeys.TRAIN"
     name (category)          event name, e.g. "_MultiProcessingDataLoaderIter::GetNext"
@@ -15,8 +19,8 @@ framework: one row per event
     cpu_us (Int64)           fetch events: the worker's process CPU time during the fetch
     runq_us (Int64)          fetch events: the time the worker was runnable, waiting for a core
 
-system: one row per sample
-    node (category), timestamp_us (int64, epoch us), type, name, dimension (category),
+system: one row per sample (system metrics belong to a host)
+    node (category: the host), timestamp_us (int64, epoch us), type, name, dimension (category),
     value (float64)
 """
 from __future__ import annotations
@@ -31,7 +35,7 @@ from .. import format as fmt
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 FRAMEWORK_ARROW_SCHEMA = pa.schema([
-    pa.field("node", _DICT),
+    pa.field("process", _DICT),
     pa.field("pid", pa.int64()),
     pa.field("phase", _DICT),
     pa.field("name", _DICT),
@@ -47,6 +51,8 @@ FRAMEWORK_ARROW_SCHEMA = pa.schema([
     pa.field("in_order", pa.bool_()),
     pa.field("cpu_us", pa.int64()),
     pa.field("runq_us", pa.int64()),
+    pa.field("rank", pa.int64()),  # where the file says (collector init events, Kineto's distributedInfo)
+    pa.field("local_rank", pa.int64()),
 ])
 SYSTEM_ARROW_SCHEMA = pa.schema([
     pa.field("node", pa.string()),
@@ -56,7 +62,7 @@ SYSTEM_ARROW_SCHEMA = pa.schema([
     pa.field("dimension", pa.string()),
     pa.field("value", pa.float64()),
 ])
-FRAMEWORK_COLUMNS = ["node", "pid", "phase", "name", "kind", "start_us", "end_us", "duration_us",
+FRAMEWORK_COLUMNS = ["node", "process", "rank", "local_rank", "pid", "phase", "name", "kind", "start_us", "end_us", "duration_us",
                      "worker_id", "num_workers", "pin_memory", "step", "iterator_id",
                      "persistent_workers", "prefetch_factor", "in_order", "cpu_us", "runq_us"]
 SYSTEM_COLUMNS = [f.name for f in SYSTEM_ARROW_SCHEMA]
@@ -147,7 +153,68 @@ def framework_frame(tables: list[pa.Table]) -> pd.DataFrame:
             columns[name] = columns[name].take(order)
     columns["duration_us"] = columns["end_us"] - columns["start_us"]
     columns["kind"] = _kind_of(pd.Categorical(columns["phase"]), pd.Categorical(columns["name"]))
+    columns.update(_identity(pd.Categorical(columns["process"]), columns["rank"], columns["local_rank"],
+                             columns["pid"], columns["kind"]))
     return pd.DataFrame({name: columns[name] for name in FRAMEWORK_COLUMNS}, copy=False)
+
+
+def host_of(process: str) -> str:
+    """The host of a process id: '20557-algo-1' -> 'algo-1'; a name without the number is a host."""
+    head, sep, rest = process.partition("-")
+    return rest if sep and head.isdigit() else process
+
+
+def process_number(process: str) -> int | None:
+    """The number a process id starts with (a pid or a rank): '3-algo-1' -> 3."""
+    head, sep, _ = process.partition("-")
+    return int(head) if sep and head.isdigit() else None
+
+
+_MAIN_KINDS = (fmt.KIND_GETNEXT, fmt.KIND_INIT, fmt.KIND_STEP, fmt.KIND_EPOCH_END)
+
+
+def _identity(process: pd.Categorical, rank, local_rank, pid, kind: pd.Categorical) -> dict:
+    """The host of every row, and the rank and local rank of its process: one value per
+    process, spread to its rows (each computed once per category, not per row).
+
+    A rank is what a file says (the collector's init events, Kineto's distributedInfo). Else the
+    number of the reference's node id `<N>-<host>` is a rank when it is not the pid of the process's
+    training-loop events (the reference and the collector name a process by its pid when the job is
+    not distributed, by its rank when it is)."""
+    names = [str(c) for c in process.categories]
+    codes = process.codes.astype(np.int64)
+    hosts = sorted({host_of(n) for n in names})
+    host_codes = np.array([hosts.index(host_of(n)) for n in names] + [-1], dtype=np.int32)
+    node = pd.Categorical.from_codes(host_codes[codes], categories=hosts)
+    count = len(names)
+    known = codes >= 0
+
+    def per_process(values) -> np.ndarray:
+        """The first non-null value of each process, NaN where none."""
+        values = np.asarray(pd.array(values, dtype="Int64").to_numpy(dtype=np.float64, na_value=np.nan))
+        rows = np.flatnonzero(known & ~np.isnan(values))
+        out = np.full(count + 1, np.nan)
+        first = rows[np.unique(codes[rows], return_index=True)[1]] if len(rows) else rows
+        out[codes[first]] = values[first]
+        return out
+
+    explicit = per_process(rank)
+    numbers = np.array([process_number(n) if process_number(n) is not None else -1 for n in names] + [-1],
+                       dtype=np.int64)
+    main = known & np.isin(np.asarray(kind.codes), [fmt.KINDS.index(k) for k in _MAIN_KINDS])
+    pids = np.asarray(pd.array(pid, dtype="Int64").to_numpy(dtype=np.int64, na_value=-2))
+    has_main = np.bincount(codes[main], minlength=count + 1) > 0
+    named_by_pid = np.bincount(codes[main & (pids == numbers[codes])], minlength=count + 1) > 0
+    inferred = np.where(has_main & ~named_by_pid & (numbers >= 0), numbers.astype(np.float64), np.nan)
+    by_process = np.where(np.isnan(explicit), inferred, explicit)[:count + 1]
+    by_process[count] = np.nan  # code -1: no process
+    local = per_process(local_rank)
+    local[count] = np.nan
+
+    def spread(values: np.ndarray):
+        return pd.array(values[codes], dtype="Float64").astype("Int64")
+
+    return {"node": node, "rank": spread(by_process), "local_rank": spread(local)}
 
 
 def system_frame(tables: list[pa.Table]) -> pd.DataFrame:

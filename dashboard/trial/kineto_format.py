@@ -19,10 +19,12 @@ Kept events, and what they become (so the existing `classify` and analyses apply
   1970..9999, or far from the file's median event time, is skipped and counted (a trace's
   name carries no time of the convention: tensorboard_trace_handler's is the export time, but
   any name is read).
-- Node id: `<rank>-<host>`, the reference's `<rank>-algo-<N>` convention: rank from
-  `distributedInfo` (0 when the job was not distributed), host from the trace's
-  `host_name` (on SageMaker that is `algo-N`, so the node joins that host's system
-  metrics), `algo-1` when the trace names no host.
+- Identity: the host is the trace's `host_name` (on SageMaker that is `algo-N`, so the
+  process joins that host's system metrics), else the host in a `tensorboard_trace_handler`
+  file name (`<host>_<pid>.<ms>.pt.trace.json`), else `algo-1`. The rank is
+  `distributedInfo.rank`, else the one in a Holistic Trace Analysis file name (`rank-3.json.gz`),
+  else unknown (not distributed). The process id is the reference's `<rank>-<host>`, or
+  `<pid>-<host>` without a rank.
 - `ProfilerStep#N` marks are taken as training steps: `prof.step()` is called from the
   training loop.
 - Kineto records no iterator creation, no worker processes and no worker ids
@@ -45,7 +47,7 @@ import itertools
 import math
 import re
 import zlib
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import orjson
@@ -57,9 +59,19 @@ from .smdebug_format import (_MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, Parse
                              place_in_time)
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
+# Any other JSON file may be a trace too (`prof.export_chrome_trace("trace.json")`, HTA's
+# `rank-0.json.gz`): its content decides (kineto_markers).
+JSON_FILE_RE = re.compile(r"\.json(?:\.gz)?$")
+# tensorboard_trace_handler's default worker name is `<host>_<pid>`: `<host>_<pid>.<ms>.pt.trace.json`.
+_HANDLER_NAME_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+_RANK_NAME_RE = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(?P<rank>\d+)(?:[^0-9]|$)", re.IGNORECASE)
+# Top-level fields only Kineto writes: a JSON file with traceEvents and one of them (or a
+# ProfilerStep# event) is a PyTorch profiler trace.
+_KINETO_FIELDS_RE = re.compile(rb'"(?:schemaVersion|deviceProperties|distributedInfo|baseTimeNanoseconds)"\s*:')
 # What a Kineto trace does not record, by the names the report uses.
 NOT_RECORDED = ("initialization", "workers", "worker_id")
 DEFAULT_HOST = "algo-1"
+NOT_A_TRACE = "not a PyTorch profiler trace"  # how the refusal of a JSON file that is not one begins
 
 GETNEXT_PREFIXES = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
 STEP_PREFIX = "ProfilerStep#"
@@ -86,9 +98,17 @@ def is_kineto_key(key: str) -> bool:
     return KINETO_FILE_RE.search(key) is not None
 
 
-def node_id(rank: int, host: str | None) -> str:
-    """`<rank>-<host>`: the reference's `<rank>-algo-<N>` when the host is a SageMaker one."""
-    return f"{rank}-{host or DEFAULT_HOST}"
+def process_id(number: int, host: str) -> str:
+    """`<rank>-<host>` or `<pid>-<host>`: the reference's `<rank>-algo-<N>` on a SageMaker host."""
+    return f"{number}-{host}"
+
+
+def name_identity(key: str) -> tuple[str | None, int | None]:
+    """(host, rank) that a trace's file name carries, where it follows a known convention."""
+    base = key.rsplit("/", 1)[-1]
+    handler = _HANDLER_NAME_RE.match(base)
+    ranked = _RANK_NAME_RE.search(base)
+    return (handler.group("host") if handler else None), (int(ranked.group("rank")) if ranked else None)
 
 
 def recording_id(key: str) -> int:
@@ -210,12 +230,20 @@ def _gunzip(pieces: Iterable[bytes]) -> Iterator[bytes]:
         raise EOFError("compressed file ended before the end-of-stream marker was reached")
 
 
-def _scan(pieces: Iterable[bytes], gz: bool) -> _Scanner:
+def _counting(chunks: Iterator[bytes], on_decoded: Callable[[int], None]) -> Iterator[bytes]:
+    for chunk in chunks:
+        on_decoded(len(chunk))
+        yield chunk
+
+
+def _scan(pieces: Iterable[bytes], gz: bool, on_decoded: Callable[[int], None] | None = None) -> _Scanner:
     """Scans the trace; a gzip stream that breaks off mid-way keeps what came before it.
     Errors of reading the pieces (OSError, TrialError) are the caller's."""
     scanner = _Scanner()
     carry, offset, resume = b"", 0, 0
     chunks = _decoded(pieces, gz)
+    if on_decoded is not None:
+        chunks = _counting(chunks, on_decoded)
     pending = next(chunks, b"")  # a file that is not gzip at all raises here
     while True:
         try:
@@ -236,13 +264,19 @@ def _scan(pieces: Iterable[bytes], gz: bool) -> _Scanner:
         pending = following
 
 
-def _metadata(scanner: _Scanner) -> tuple[int | None, int, str | None, str | None]:
-    """(base_ns, rank, host, error) from the top-level fields around traceEvents."""
+def _metadata(scanner: _Scanner) -> tuple[int | None, int | None, str | None, str | None]:
+    """(base_ns, rank, host, error) from the top-level fields around traceEvents; rank None
+    when the trace has no distributedInfo."""
     head, tail = scanner.head, scanner.tail
     cut = head.find(_TRACE_EVENTS)
     if cut < 0:
-        return None, 0, None, "not a PyTorch profiler trace (no traceEvents)"
+        return None, None, None, f"{NOT_A_TRACE} (no traceEvents)"
     edges = (head[:cut], tail)
+    if not (any(_KINETO_FIELDS_RE.search(edge) for edge in edges)
+            or any(e[0].startswith(STEP_PREFIX) for e in scanner.events)):
+        return None, None, None, (f"{NOT_A_TRACE} (traceEvents without Kineto's "
+                                  "schemaVersion, deviceProperties, distributedInfo, baseTimeNanoseconds "
+                                  "or ProfilerStep# events)")
     base_ns = rank = host = None
     for edge in edges:
         found = _BASE_TIME_RE.search(edge)
@@ -259,7 +293,7 @@ def _metadata(scanner: _Scanner) -> tuple[int | None, int, str | None, str | Non
             info, _ = _object_at(edge, found.end() - 1, found.end())
             rank = _as_int(info.get("rank")) if isinstance(info, dict) else None
     host = host if isinstance(host, str) and host.strip() else None
-    return base_ns, rank or 0, host, None
+    return base_ns, rank, host, None
 
 
 def _outermost(events: list[tuple]) -> tuple[list[tuple], int]:
@@ -288,14 +322,16 @@ def parse_kineto_file(data: bytes, key: str) -> ParsedFile:
     return parse_kineto_pieces([data], key)
 
 
-def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
+def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
+                        on_decoded: Callable[[int], None] | None = None) -> ParsedFile:
     """parse_kineto_file of a file read in pieces (store.iter_chunks): only a few MB of it
-    are in memory at a time, however large the trace. Errors of reading the pieces pass."""
+    are in memory at a time, however large the trace. Errors of reading the pieces pass, and
+    those on_decoded raises (it is told the size of each piece once decompressed)."""
     pieces = iter(pieces)
     first = next(pieces, b"")
     gz = key.endswith(".gz") or first[:2] == b"\x1f\x8b"  # (a .gz renamed without its suffix too)
     try:
-        scanner = _scan(itertools.chain([first], pieces), gz)
+        scanner = _scan(itertools.chain([first], pieces), gz, on_decoded)
     except (EOFError, zlib.error) as exc:
         return ParsedFile(None, error=f"not a valid gzip file ({exc})")
     if not scanner.head.strip():
@@ -328,7 +364,12 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
     if not events:
         return ParsedFile(None, skipped, problems)
 
-    node = node_id(rank, host)
+    named_host, named_rank = name_identity(key)
+    host = host or named_host or DEFAULT_HOST
+    rank = rank if rank is not None else named_rank
+    pids = [pid for _, pid, _, _, _ in events if isinstance(pid, int) and not isinstance(pid, bool)]
+    main_pid = max(set(pids), key=pids.count) if pids else None
+    process = process_id(rank if rank is not None else main_pid if main_pid is not None else 0, host)
     recording = recording_id(key)
     steps = sorted((e[3], e[3] + e[4], _as_int(e[0][len(STEP_PREFIX):])) for e in events
                    if e[0].startswith(STEP_PREFIX))
@@ -346,7 +387,8 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
             phase = fmt.PHASE_ITER
             step = _containing_step(steps, ts)
             worker_id, num_workers = (-1, 0) if single else (None, None)
-        columns["node"].append(node)
+        columns["process"].append(process)
+        columns["rank"].append(rank)
         columns["pid"].append(pid)
         columns["phase"].append(phase)
         columns["name"].append(name)
@@ -357,8 +399,8 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str) -> ParsedFile:
         columns["pin_memory"].append(None)
         columns["step"].append(step)
         columns["iterator_id"].append(recording)
-    for unrecorded in ("persistent_workers", "prefetch_factor", "in_order", "cpu_us", "runq_us"):
-        columns[unrecorded] = [None] * len(columns["node"])
+    for unrecorded in ("persistent_workers", "prefetch_factor", "in_order", "cpu_us", "runq_us", "local_rank"):
+        columns[unrecorded] = [None] * len(columns["process"])
     return ParsedFile(pa.Table.from_pydict(columns, schema=FRAMEWORK_ARROW_SCHEMA), skipped, problems)
 
 

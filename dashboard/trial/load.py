@@ -10,6 +10,7 @@ import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Iterable, Iterator, MutableMapping, Sequence
 
 import numpy as np
@@ -18,12 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import format as fmt
+from ..display import iso_utc
 from . import frames
 from .errors import FileOutsideTrialError, NotAFileError, NotATrialError, TrialError, TrialTooLargeError, size_text
 from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
-from .kineto_format import is_kineto_key, parse_kineto_pieces
+from .kineto_format import JSON_FILE_RE, NOT_A_TRACE, is_kineto_key, parse_kineto_pieces
 from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, decompress, duration_text,
-                             parse_system_file, parse_trace_file, time_text)
+                             parse_system_file, parse_trace_file)
 from .store import READ_THREADS, FileInfo, S3Store, Store, fingerprint, open_store
 
 FRAMEWORK, SYSTEM = "framework", "system"
@@ -67,19 +69,25 @@ class Trial:
     report: LoadReport
     fingerprint: str = ""
     format: str = "smdebug"  # smdebug | kineto | mixed
-    # Framework nodes read from Kineto traces, which lack KINETO_NOT_RECORDED.
-    kineto_nodes: tuple[str, ...] = ()
+    # Processes read from Kineto traces, which lack KINETO_NOT_RECORDED.
+    kineto_processes: tuple[str, ...] = ()
 
     @property
     def not_recorded(self) -> tuple[str, ...]:
-        """What the profiler did not record on some node ("initialization", "workers",
+        """What the profiler did not record on some process ("initialization", "workers",
         "worker_id" for Kineto traces): to be shown as unknown, never as zero."""
-        return KINETO_NOT_RECORDED if self.kineto_nodes else ()
+        return KINETO_NOT_RECORDED if self.kineto_processes else ()
 
     @property
     def nodes(self) -> list[str]:
+        """The hosts: of the framework events and of the system metrics."""
         names = set(self.framework["node"].unique()) | set(self.system["node"].unique())
         return sorted(str(n) for n in names if isinstance(n, str))
+
+    @cached_property
+    def processes(self) -> list[Process]:
+        """The processes that recorded framework events, by host, then rank, then pid."""
+        return processes_of(self.framework)
 
     @property
     def start_us(self) -> int | None:
@@ -95,29 +103,73 @@ class Trial:
                 if e is not None]
         return int(max(ends)) if ends else None
 
-    def for_node(self, node: str | None) -> "Trial":
-        """The part of the trial recorded on one node (a framework node id or a host)."""
-        if not node:
+    def for_node(self, node: str | None = None, rank: int | None = None) -> "Trial":
+        """The part of the trial recorded on one host, or by one process (`node` a process id,
+        or `rank`), with its host's system metrics. A selection that matches nothing is empty."""
+        if not node and rank is None:
             return self
-        fw_nodes = self.framework["node"].astype(str)
-        fw_mask = (fw_nodes == node) | (fw_nodes.map(host_of) == node)
-        sys_nodes = self.system["node"].astype(str)
-        sys_mask = (sys_nodes == node) | (sys_nodes == host_of(node))
-        return Trial(self.path, self.framework[fw_mask].reset_index(drop=True),
-                     self.system[sys_mask].reset_index(drop=True), self.report,
-                     self.fingerprint, self.format,
-                     tuple(n for n in self.kineto_nodes if n == node or host_of(n) == node))
+        framework = self.framework
+        if rank is not None:
+            fw_mask = (framework["rank"] == rank).fillna(False).to_numpy(dtype=bool)
+            if node:
+                fw_mask &= ((framework["node"] == node) | (framework["process"] == node)).to_numpy()
+        else:
+            fw_mask = ((framework["node"] == node) | (framework["process"] == node)).to_numpy()
+        part = framework[fw_mask].reset_index(drop=True)
+        hosts = set(part["node"].unique()) if rank is not None or node not in self.nodes else {node}
+        sys_mask = self.system["node"].isin(hosts).to_numpy()
+        kept = set(part["process"].unique())
+        return Trial(self.path, part, self.system[sys_mask].reset_index(drop=True), self.report,
+                     self.fingerprint, self.format, tuple(p for p in self.kineto_processes if p in kept))
 
 
-def host_of(node: str) -> str:
-    """The host of a framework node id: '20557-algo-1' -> 'algo-1'."""
-    head, sep, rest = node.partition("-")
-    return rest if sep and head.isdigit() else node
+@dataclass(frozen=True)
+class Process:
+    """A process that recorded framework events: `id` as the reference names it."""
+    node: str  # its host
+    id: str
+    pid: int | None
+    rank: int | None
+    local_rank: int | None
+
+    @property
+    def label(self) -> str:
+        """'rank 3' in a distributed job, else 'pid 12118' (its host said apart)."""
+        return (f"rank {self.rank}" if self.rank is not None else
+                f"pid {self.pid}" if self.pid is not None else self.id)
+
+
+def processes_of(framework: pd.DataFrame) -> list[Process]:
+    """The processes of a framework frame; `pid` is the pid of its training-loop events (the
+    worker processes record under their parent's id). One pass over the category codes."""
+    if framework.empty:
+        return []
+    process = pd.Categorical(framework["process"])
+    codes = process.codes
+    main = framework["kind"].isin([fmt.KIND_GETNEXT, fmt.KIND_INIT, fmt.KIND_STEP]).to_numpy() & (codes >= 0)
+    anywhere = codes >= 0
+    first_main = dict(zip(*(lambda c, i: (c, np.flatnonzero(main)[i]))(*np.unique(codes[main], return_index=True))))
+    first_any = dict(zip(*(lambda c, i: (c, np.flatnonzero(anywhere)[i]))(*np.unique(codes[anywhere],
+                                                                                      return_index=True))))
+    nodes, pids = framework["node"].to_numpy(), framework["pid"].to_numpy()
+    ranks, locals_ = framework["rank"].to_numpy(), framework["local_rank"].to_numpy()
+
+    def known(value):
+        return None if pd.isna(value) else int(value)
+
+    out = []
+    for code, row in first_any.items():
+        at = first_main.get(code, row)
+        out.append(Process(str(nodes[row]), str(process.categories[code]), known(pids[at]), known(ranks[row]),
+                           known(locals_[row])))
+    far = 2**62
+    return sorted(out, key=lambda p: (p.node, far if p.rank is None else p.rank, p.pid or far, p.id))
 
 
 def classify_key(key: str) -> tuple[str, str] | None:
-    """(FRAMEWORK | SYSTEM, node) for a file of the trial format, (KINETO, key) for a
-    torch.profiler trace anywhere in the trial (its node is inside it), else None."""
+    """(FRAMEWORK, process) or (SYSTEM, host) for a file of the trial format, (KINETO, key)
+    for a torch.profiler trace anywhere in the trial (its identity is inside it) or any other
+    JSON file (its content decides: parse_kineto_pieces refuses what is not a trace), else None."""
     if is_kineto_key(key):
         return KINETO, key
     base = posixpath.basename(key)
@@ -129,7 +181,17 @@ def classify_key(key: str) -> tuple[str, str] | None:
         match = fmt.SYSTEM_FILE_RE.match(base)
         if match:
             return SYSTEM, match.group("node")
+    if JSON_FILE_RE.search(key):
+        return KINETO, key
     return None
+
+
+NOT_A_TRIAL_FILE = "not a trial file (unknown name or suffix"  # (closed by the reason's end)
+# What a path must hold to be a trial, for the message that says it holds none of it.
+FORMATS_LOOKED_FOR = ("SageMaker Debugger profiler files (framework/pevents/.../<END_US>_<NODE>_pythontimeline.json, "
+                      "system/incremental/.../<EPOCH_S>.<NODE>.json), or PyTorch profiler (Kineto) traces "
+                      "(*.pt.trace.json[.gz], or any .json[.gz] file with traceEvents and Kineto's fields, "
+                      "as export_chrome_trace and tensorboard_trace_handler write them)")
 
 
 def name_time_us(key: str, kind: str) -> int | None:
@@ -145,6 +207,11 @@ def name_time_us(key: str, kind: str) -> int | None:
 
 _PARSE_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 2)
 _PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file}
+# A reference-format parse holds the GIL while msgspec builds its structs, so the reading threads
+# decode one file at a time. A pool of processes was measured and left out (bench/parse_speed.py):
+# forkserver and spawn workers re-run the caller's main module (a script without a __main__ guard
+# fails) and import the parser, about 0.5 s each, more than two cores save on a 300k trial; fork
+# is unsafe in a process whose other threads hold locks (a server's requests).
 
 
 class _LoadGuard:
@@ -192,7 +259,7 @@ class _LoadGuard:
 
 
 @dataclass(frozen=True)
-class _ParsedEntry:
+class ParsedEntry:
     """A file's parse, kept in a load's file_cache for the next load of the same trial."""
     parsed: ParsedFile
     digest: bytes
@@ -201,7 +268,7 @@ class _ParsedEntry:
 
 # Names the parsers' rules in file_cache keys: a parse kept by a reader with other rules (2: events
 # far from their file's time are skipped) is not taken for one of this reader's.
-_PARSE_RULES = 2
+_PARSE_RULES = 4  # 3: process ids and ranks; 4: NaN and Infinity read, then skipped as non-finite
 
 
 def _file_cache_key(path: str, info: FileInfo) -> str:
@@ -212,12 +279,12 @@ def _file_cache_key(path: str, info: FileInfo) -> str:
     return "parsed:" + hashlib.sha256(identity).hexdigest()
 
 
-def _cached_parse(file_cache: MutableMapping, cache_key: str) -> _ParsedEntry | None:
+def _cached_parse(file_cache: MutableMapping, cache_key: str) -> ParsedEntry | None:
     try:
         entry = file_cache.get(cache_key)
     except Exception:  # noqa: BLE001 - an entry an older version pickled, or a damaged one: read the file
         return None
-    return entry if isinstance(entry, _ParsedEntry) else None
+    return entry if isinstance(entry, ParsedEntry) else None
 
 
 def _unreadable(exc: OSError) -> ParsedFile:
@@ -227,7 +294,8 @@ def _unreadable(exc: OSError) -> ParsedFile:
 
 
 class _Counted:
-    """A file's pieces as they are read: counted against max_bytes, and digested."""
+    """A file's pieces as they are read, digested; `add` counts the bytes they decompress to
+    against max_bytes (a gzip trace of 67 kB may hold 6 MB)."""
 
     def __init__(self, pieces: Iterable[bytes], guard: _LoadGuard):
         self.pieces, self.guard = pieces, guard
@@ -235,73 +303,98 @@ class _Counted:
 
     def __iter__(self) -> Iterator[bytes]:
         for piece in self.pieces:
-            self.nbytes += len(piece)
-            self.guard.add_bytes(len(piece))
             self.digest.update(piece)
             yield piece
 
+    def add(self, decompressed: int) -> None:
+        self.nbytes += decompressed
+        self.guard.add_bytes(decompressed)
+
 
 def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
-               file_cache: MutableMapping | None, cache_key: str | None,
-               ) -> tuple[ParsedFile, bytes | None, _ParsedEntry | None]:
+               file_cache: MutableMapping | None, cache_key: str | None, cluster=None,
+               ) -> tuple[ParsedFile, bytes | None, ParsedEntry | None]:
     """The parsed file, a digest of its content (None when it could not be read), and what
-    to keep in file_cache once the whole load succeeds (None: nothing new worth keeping)."""
+    to keep in file_cache once the whole load succeeds (None: nothing new worth keeping).
+    cluster: a dask.distributed Client whose workers read and parse the file (None: here)."""
     guard.check()  # another file failed the load: read no more
-    key = info.key
     try:
         entry = _cached_parse(file_cache, cache_key) if cache_key is not None else None
         if entry is not None:  # unchanged since a load that read it: not read again
             guard.add_bytes(entry.nbytes)
             guard.add_events(entry.digest, entry.parsed.rows)
             return entry.parsed, entry.digest, None
-        try:
-            # Kineto traces run to GBs: read, counted, digested and scanned piece by piece. No
-            # file is read past the size the listing saw (a growing file, as listed).
-            source = (store.iter_chunks(key, size=info.size) if kind == KINETO
-                      else store.read(key, size=info.size))
-        except FileOutsideTrialError:
-            return ParsedFile(None, error="refused: links outside the trial folder"), None, None
-        except NotAFileError as exc:
-            return ParsedFile(None, error=f"refused: {exc}"), None, None
-        except OSError as exc:
-            return _unreadable(exc), None, None
-        if kind == KINETO:
-            counted = _Counted(source, guard)
-            with _PARSE_SLOTS:  # (reading included: the pieces are scanned as they come)
-                guard.check()
-                try:
-                    parsed = parse_kineto_pieces(counted, key)
-                except OSError as exc:
-                    return _unreadable(exc), None, None
-            if parsed.error:  # the file may not have been read to its end: no digest of it
-                return parsed, None, None
-            digest, nbytes = counted.digest.digest(), counted.nbytes
+        if cluster is None:
+            parsed, digest, nbytes = _read_and_parse(store, info, kind, node, guard)
         else:
-            try:
-                data = decompress(key, source, max_size=guard.max_bytes)
-            except (OSError, EOFError, zlib.error) as exc:
-                return ParsedFile(None, error=f"not a valid gzip file ({exc})"), None, None
-            except TrialTooLargeError as exc:
-                guard.too_large(str(exc))
-            del source
-            if not data.strip():
-                return ParsedFile(None, error="empty file"), None, None
-            nbytes = len(data)
+            # The worker opens the trial itself (S3: its own credential chain) and counts the file
+            # against max_bytes as it decompresses; the whole trial's count is kept here.
+            parsed, digest, nbytes = cluster.submit(parse_file_of_trial, store.canonical_path, info, kind, node,
+                                                    guard.max_bytes, pure=False).result()
             guard.add_bytes(nbytes)
-            digest = hashlib.sha256(data).digest()
-            # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
-            # parses than cores at once only multiplies the memory held by half-parsed files.
-            with _PARSE_SLOTS:
-                guard.check()
-                parsed = _PARSERS[kind](data, node, name_time_us(key, kind))
-            del data
+        if digest is None:
+            return parsed, None, None
         guard.add_events(digest, parsed.rows)
         # Only files with events are worth keeping: the rest are cheap to read again.
-        keep = _ParsedEntry(parsed, digest, nbytes) if cache_key is not None and parsed.table is not None else None
+        keep = ParsedEntry(parsed, digest, nbytes) if cache_key is not None and parsed.table is not None else None
         return parsed, digest, keep
     except TrialError as exc:  # S3 unreachable, access denied, over a limit: fails the load
         guard.fail(exc)
         raise
+
+
+def parse_file_of_trial(path: str, info: FileInfo, kind: str, node: str, max_bytes: int | None,
+                        ) -> tuple[ParsedFile, bytes | None, int]:
+    """Reads and parses one file of the trial at `path` (a store's canonical_path), as a Dask
+    task on a worker: (parsed, digest, bytes counted), as _read_and_parse."""
+    return _read_and_parse(open_store(path), info, kind, node, _LoadGuard(path, max_bytes, None))
+
+
+def _read_and_parse(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
+                    ) -> tuple[ParsedFile, bytes | None, int]:
+    """(parsed, digest, nbytes): the file parsed, a digest of its content (None when it was not
+    read whole), and the bytes counted against the guard's max_bytes."""
+    key = info.key
+    try:
+        # Kineto traces run to GBs: read, counted, digested and scanned piece by piece. No
+        # file is read past the size the listing saw (a growing file, as listed).
+        source = (store.iter_chunks(key, size=info.size) if kind == KINETO
+                  else store.read(key, size=info.size))
+    except FileOutsideTrialError:
+        return ParsedFile(None, error="refused: links outside the trial folder"), None, 0
+    except NotAFileError as exc:
+        return ParsedFile(None, error=f"refused: {exc}"), None, 0
+    except OSError as exc:
+        return _unreadable(exc), None, 0
+    if kind == KINETO:
+        counted = _Counted(source, guard)
+        with _PARSE_SLOTS:  # (reading included: the pieces are scanned as they come)
+            guard.check()
+            try:
+                parsed = parse_kineto_pieces(counted, key, on_decoded=counted.add)
+            except OSError as exc:
+                return _unreadable(exc), None, counted.nbytes
+        if parsed.error:  # the file may not have been read to its end: no digest of it
+            return parsed, None, counted.nbytes
+        return parsed, counted.digest.digest(), counted.nbytes
+    try:
+        data = decompress(key, source, max_size=guard.max_bytes)
+    except (OSError, EOFError, zlib.error) as exc:
+        return ParsedFile(None, error=f"not a valid gzip file ({exc})"), None, 0
+    except TrialTooLargeError as exc:
+        guard.too_large(str(exc))
+    del source
+    if not data.strip():
+        return ParsedFile(None, error="empty file"), None, 0
+    nbytes = len(data)
+    guard.add_bytes(nbytes)
+    digest = hashlib.sha256(data).digest()
+    # Reads may wait on the network in many threads; parsing is CPU-bound, and running more
+    # parses than cores at once only multiplies the memory held by half-parsed files.
+    with _PARSE_SLOTS:
+        guard.check()
+        parsed = _PARSERS[kind](data, node, name_time_us(key, kind))
+    return parsed, digest, nbytes
 
 
 # How far from the trial's median time an event may lie: a trial is one job, and a job lasts a
@@ -344,7 +437,7 @@ def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport) -
             table = table.filter(near)
             why = (f"{far} {'record' if kind == SYSTEM else 'event'}(s) more than "
                    f"{duration_text(MAX_EVENT_FROM_TRIAL_US)} from the trial's median time "
-                   f"({time_text(center)})")
+                   f"({iso_utc(center)})")
             report.lines_skipped += far
             if key in reasons:
                 earlier = report.files_with_skipped_lines[reasons[key]]
@@ -360,7 +453,8 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
                s3_buckets: Sequence[str] | None = None, max_bytes: int | None = None,
                max_events: int | None = None, max_files: int | None = None, threads: int | None = None,
                on_progress: Progress | None = None, store: Store | None = None,
-               files: list[FileInfo] | None = None, file_cache: MutableMapping | None = None) -> Trial:
+               files: list[FileInfo] | None = None, file_cache: MutableMapping | None = None,
+               dask_client=None) -> Trial:
     """Read a trial from a local folder or `s3://bucket/prefix`.
 
     Raises a TrialError subclass naming the path when the trial cannot be read; bad
@@ -371,30 +465,38 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         or once decompressed. max_events: refuse a trial with more framework events and
         system samples; counted while parsing, so that the load stops early. max_files: refuse
         a trial whose listing holds more files (each costs a read and a parse however small).
-    file_cache: a mapping (a dict, a diskcache.Cache) that keeps each file's parse between
-        loads: a file whose size and version (ETag, mtime) are unchanged is taken from it, not
-        read again, so that reloading a running job's trial reads only its new files.
+    file_cache: a mapping that keeps each file's parse between loads: a file whose size and
+        version (ETag, mtime) are unchanged is taken from it, not read again, so that reloading
+        a running job's trial reads only its new files. A dict keeps them in this process; a
+        columnar_cache.ColumnarFileCache as Arrow files that any process reads.
+    dask_client: a dask.distributed Client: each file is read and parsed by a task on its
+        cluster's workers, which open the trial themselves (an S3 trial with their own credential
+        chain) and return Arrow tables. Without one, the scheduler DASHBOARD_DASK_SCHEDULER names,
+        when set (dask_cluster.client_from_environment); else here, by the same code.
     """
     store = store or open_store(path, roots=roots, s3_client=s3_client, s3_buckets=s3_buckets)
     files = store.list() if files is None else files
     if max_files is not None and len(files) > max_files:
         raise TrialTooLargeError(f"{path}: trial holds {len(files):,} files, over the limit of {max_files:,} files")
+    if dask_client is None:
+        from .dask_cluster import client_from_environment
+
+        dask_client = client_from_environment()
     if threads is None:
         # Local reads are quick, so more threads than cores only hold more files in memory;
-        # S3 reads wait on the network, so they overlap many.
-        threads = READ_THREADS if isinstance(store, S3Store) else (os.cpu_count() or 2)
+        # S3 reads wait on the network, so they overlap many; so do a cluster's tasks.
+        threads = (READ_THREADS if isinstance(store, S3Store) or dask_client is not None
+                   else (os.cpu_count() or 2))
     jobs, report = [], LoadReport()
     report.files_skipped += [SkippedFile(key, reason) for key, reason in store.skipped]
     for info in sorted(files, key=lambda f: f.key):
         found = classify_key(info.key)
         if found is None:
-            report.files_skipped.append(SkippedFile(info.key, "not a trial file (unknown name or suffix)"))
+            report.files_skipped.append(SkippedFile(info.key, NOT_A_TRIAL_FILE + ")"))
         else:
             jobs.append((info, *found))
     if not jobs:
-        raise NotATrialError(f"{path}: not a trial: no framework/pevents or system/incremental "
-                             f"profiler files and no *.pt.trace.json(.gz) PyTorch profiler traces "
-                             f"found ({len(files)} other file(s)"
+        raise NotATrialError(f"{path}: not a trial: found no {FORMATS_LOOKED_FOR} ({len(files)} other file(s)"
                              + "".join(f"; {key}: {reason}" for key, reason in store.skipped[:3]) + ")")
     total_bytes = sum(info.size for info, _, _ in jobs)
     if max_bytes is not None and total_bytes > max_bytes:
@@ -404,12 +506,12 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     read: list[tuple[str, str, pa.Table]] = []  # (key, kind, table) of each file read with rows
     guard = _LoadGuard(path, max_bytes, max_events)
     first_copy: dict[bytes, str] = {}  # content digest -> key of the first file holding it
-    fresh: dict[str, _ParsedEntry] = {}  # parses new to file_cache
+    fresh: dict[str, ParsedEntry] = {}  # parses new to file_cache
     pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(jobs))))
     # A .tmp file is still being written: its next version is another one, never worth keeping.
     cache_keys = [_file_cache_key(store.canonical_path, info)
                   if file_cache is not None and not info.key.endswith(".tmp") else None for info, _, _ in jobs]
-    futures = [pool.submit(_parse_one, store, info, kind, node, guard, file_cache, cache_key)
+    futures = [pool.submit(_parse_one, store, info, kind, node, guard, file_cache, cache_key, dask_client)
                for (info, kind, node), cache_key in zip(jobs, cache_keys)]
     try:
         for done, ((info, kind, _), cache_key, future) in enumerate(zip(jobs, cache_keys, futures), 1):
@@ -421,7 +523,10 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
             if original != info.key:
                 report.files_skipped.append(SkippedFile(info.key, f"duplicate of {original}"))
             elif parsed.error:
-                report.files_skipped.append(SkippedFile(info.key, parsed.error, parsed.transient))
+                reason = parsed.error
+                if kind == KINETO and not is_kineto_key(info.key) and reason.startswith(NOT_A_TRACE):
+                    reason = f"{NOT_A_TRIAL_FILE}, and {reason})"  # a JSON file looked at for a trace
+                report.files_skipped.append(SkippedFile(info.key, reason, parsed.transient))
             else:
                 report.files_read += 1
                 if parsed.table is not None:
@@ -438,6 +543,11 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+    if not report.files_read and all(s.reason.startswith(NOT_A_TRIAL_FILE) for s in report.files_skipped
+                                     if s.path in {info.key for info, _, _ in jobs}):
+        # Only JSON files that are not traces (a config.json, a metrics dump): not a trial.
+        raise NotATrialError(f"{path}: not a trial: found no {FORMATS_LOOKED_FOR} ({len(files)} other file(s), "
+                             f"e.g. {report.files_skipped[0].path}: {report.files_skipped[0].reason})")
     # Kept only now that the whole load succeeded: a failed load leaves nothing behind.
     for cache_key, keep in fresh.items():
         file_cache[cache_key] = keep
@@ -446,10 +556,10 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     read.clear()  # (as fresh: framework_frame frees each table as it converts it)
     kinds = {kind for _, kind, _ in jobs}
     trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"
-    kineto_nodes = sorted({node for table in tables[KINETO]
-                           for node in table.column("node").unique().to_pylist()})
+    kineto_processes = sorted({process for table in tables[KINETO]
+                               for process in table.column("process").unique().to_pylist()})
     trial = Trial(path=path, framework=frames.framework_frame(tables[FRAMEWORK] + tables[KINETO]),
                   system=frames.system_frame(tables[SYSTEM]), report=report,
-                  fingerprint=fingerprint(files), format=trial_format, kineto_nodes=tuple(kineto_nodes))
+                  fingerprint=fingerprint(files), format=trial_format, kineto_processes=tuple(kineto_processes))
     arrow_memory.release_unused()
     return trial

@@ -78,9 +78,13 @@ class LocalStore:
         self.roots = roots
         self.root = root
         if not os.path.exists(root):
-            raise TrialNotFoundError(f"{path}: no such folder")
-        if not os.path.isdir(root):
-            raise TrialNotFoundError(f"{path}: not a folder (a trial is a folder with framework/ and system/)")
+            raise TrialNotFoundError(f"{path}: no such file or folder")
+        # A single file is a trial of one file (a PyTorch profiler trace given as the path):
+        # its folder is the store's, and that one file all it lists.
+        self.single_file = os.path.basename(root) if os.path.isfile(root) else None
+        if not self.single_file and not os.path.isdir(root):
+            raise TrialNotFoundError(f"{path}: not a folder or a regular file")
+        self.folder = os.path.dirname(root) if self.single_file else root
         # (key, reason) of what the last list() left out: links to folders are not followed.
         self.skipped: list[tuple[str, str]] = []
 
@@ -91,6 +95,10 @@ class LocalStore:
         return self.root
 
     def list(self) -> list[FileInfo]:
+        if self.single_file:
+            st = os.stat(self.root)
+            self.skipped = []
+            return [FileInfo(self.single_file, st.st_size, str(st.st_mtime_ns))]
         files, skipped = [], []
         # A stack, not os.walk: Python 3.11's os.walk recurses once per folder level, and a
         # folder 3,000 deep ended the load in a RecursionError.
@@ -134,8 +142,9 @@ class LocalStore:
 
     def resolve(self, key: str) -> str:
         """The real path of a file of the trial; refuses links that lead out of the trial."""
-        full = os.path.realpath(os.path.join(self.root, key))
-        if not full.startswith(self.root + os.sep):
+        full = os.path.realpath(os.path.join(self.folder, key))
+        inside = full == self.root if self.single_file else full.startswith(self.root + os.sep)
+        if not inside:
             raise FileOutsideTrialError(f"{key}: links outside the trial folder")
         return full
 
@@ -231,6 +240,9 @@ class S3Store:
             # into another bucket: no way around the bucket allow-list.
             raise TrialAccessError(f"{path}: '.' and '..' are not allowed in an S3 path")
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        # Where the listed keys are: the prefix, or the folder of a single object given as the
+        # path (a PyTorch profiler trace), which is then all the trial lists.
+        self._read_prefix = self.prefix
         self.client = client or _s3_client()
         self.skipped: list[tuple[str, str]] = []  # (key, reason) left out by the last list()
 
@@ -275,10 +287,27 @@ class S3Store:
                         skipped.append((key, "refused: '.' or '..' in the key"))
                     elif key and not key.endswith("/"):
                         files.append(FileInfo(key, int(obj["Size"]), obj.get("ETag", "").strip('"')))
+            if not files and not skipped and self.prefix:
+                files = self._single_object()
         except (ClientError, BotoCoreError, OSError) as exc:
             raise self._error(exc) from None
         self.skipped = skipped
         return files
+
+    def _single_object(self) -> list[FileInfo]:
+        """The object named by the path itself, when nothing lies under it as a folder."""
+        from botocore.exceptions import ClientError
+
+        key = self.prefix.rstrip("/")
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return []
+            raise
+        folder, _, name = key.rpartition("/")
+        self._read_prefix = folder + "/" if folder else ""
+        return [FileInfo(name, int(head["ContentLength"]), head.get("ETag", "").strip('"'))]
 
     def read(self, key: str, size: int | None = None) -> bytes:
         """The object's bytes, at most `size` of them (the size its listing saw)."""
@@ -292,7 +321,7 @@ class S3Store:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
+            response = self.client.get_object(Bucket=self.bucket, Key=self._read_prefix + key)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 # Removed between listing and reading (a running job's rotation): skip it.

@@ -8,8 +8,9 @@ in the key is the store's canonical one: `/data/x/` and `/data/./x` are one tria
 complete loads are stored: a load that fails raises before anything is written, and one that
 skipped files missing or unreadable at that moment is shown but not kept as the listing's.
 
-Each file's parse is cached too, by its key, size and version: when a running job adds
-files, a reload reads only those.
+Each file's parse is cached too, as Arrow columns in a folder of its own (by its key, size
+and version: dashboard/trial/columnar_cache.py): when a running job adds files, a reload, in
+any server process, reads only those.
 
 One listing is read (and analyzed) by one process at a time, across all server processes:
 twenty users opening the same new trial at once wait for one read, and its memory, instead
@@ -22,9 +23,14 @@ it is private to the server's user. Its folders are made (or made again) 0700 an
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import logging
 import os
+import pickle
+import shutil
 import socket
+import sqlite3
 import threading
 import time
 import uuid
@@ -35,12 +41,14 @@ import diskcache
 
 from ..analysis import dataloader, diagnosis
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
+from ..trial.columnar_cache import ColumnarFileCache
 from ..trial.errors import NotATrialError
 from ..trial.load import Trial, load_trial
 from ..trial.frames import FRAMEWORK_COLUMNS, SYSTEM_COLUMNS
 from ..trial.store import fingerprint, open_store
 
 TRIALS_FOLDER = "trials"
+COLUMNS_FOLDER = "columns"  # parsed files (dashboard/trial/columnar_cache.py)
 JOBS_FOLDER = "jobs"
 MEMORY_ITEMS = 16  # trials, analyses, views and panels of the last few trials
 # A process that died without a word (killed) while loading holds the trial no longer than
@@ -49,6 +57,7 @@ LOCK_EXPIRE_S = 600
 LOCK_POLL_S = 0.05
 
 Progress = Callable[[int, int], None]
+log = logging.getLogger("dashboard.web")
 
 
 def default_cache_dir() -> str:
@@ -109,14 +118,61 @@ def make_private_folder(directory: str) -> None:
         os.chmod(directory, PRIVATE_FOLDER)  # (a folder made before, or under a loose umask)
 
 
+# What the cache leaves free on its disk, of its own values: the background jobs' store (each
+# load's progress and result, Dash's signing secret) is in the same folder, and on a full disk
+# every load ends without a word (SQLite: "database or disk is full").
+# A tenth of the disk, from 16 to 64 MiB: each SQLite database of the folder grows its write-ahead
+# log to about 4 MB between checkpoints.
+FREE_SPACE_RESERVE_MIN, FREE_SPACE_RESERVE_MAX = 16 * 2**20, 64 * 2**20
+
+
+def free_space_reserve(disk_bytes: int) -> int:
+    return min(FREE_SPACE_RESERVE_MAX, max(FREE_SPACE_RESERVE_MIN, disk_bytes // 10))
+
+
+class CacheFullError(OSError):
+    """A value the cache's disk has no room for, keeping its reserve free."""
+
+    def __init__(self, needed: int, free: int, reserve: int):
+        super().__init__(errno.ENOSPC, f"{_mb(needed)} to keep, {_mb(free)} free on the cache's disk, "
+                                       f"{_mb(reserve)} of it kept free")
+        self.needed = needed
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:,.1f} MB"
+
+
 class _PrivateDisk(diskcache.Disk):
-    """Writes each large value's file 0600 (diskcache leaves it to the umask: 0644)."""
+    """Writes each large value's file 0600 (diskcache leaves it to the umask: 0644), and only where
+    the disk keeps its reserve free after it (CacheFullError); a write that fails half-way leaves
+    no piece of a file behind."""
 
     def store(self, value, read, key=diskcache.core.UNKNOWN):
-        size, mode, filename, db_value = super().store(value, read, key=key)
-        if filename:
-            os.chmod(os.path.join(self._directory, filename), PRIVATE_FILE)
-        return size, mode, filename, db_value
+        if read or type(value) in (str, bytes, int, float):  # diskcache's own ways (none of ours)
+            size, mode, filename, db_value = super().store(value, read, key=key)
+            if filename:
+                os.chmod(os.path.join(self._directory, filename), PRIVATE_FILE)
+            return size, mode, filename, db_value
+        # diskcache's way of a pickled value, with the room checked before the file is written
+        result = pickle.dumps(value, protocol=self.pickle_protocol)
+        if len(result) < self.min_file_size:
+            return 0, diskcache.core.MODE_PICKLE, None, sqlite3.Binary(result)
+        usage = shutil.disk_usage(self._directory)
+        reserve = free_space_reserve(usage.total)
+        if usage.free - len(result) < reserve:
+            raise CacheFullError(len(result), usage.free, reserve)
+        filename, full_path = self.filename(key, value)
+        os.makedirs(os.path.dirname(full_path), exist_ok=True)
+        descriptor = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
+        try:
+            with os.fdopen(descriptor, "wb") as out:
+                out.write(result)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(full_path)
+            raise
+        return len(result), diskcache.core.MODE_PICKLE, filename, None
 
 
 class ForkSafeCache(diskcache.Cache):
@@ -179,6 +235,19 @@ _SCHEMA = ",".join(FRAMEWORK_COLUMNS + SYSTEM_COLUMNS)
 _KEEP_RULES = 2
 
 
+def trial_spelling(path: str) -> str:
+    """The one spelling of a trial path the page shows (its URL): `/data/./x/`, `/data//x` and
+    ` /data/x ` are `/data/x`; `s3://b/p` and `s3://b//p/` are `s3://b/p/`, as the stores name
+    them. A link is not resolved, nor `..` (after a link it is not the parent): the URL does not
+    tell where links lead, and it opens the same trial."""
+    path = path.strip()
+    if path.startswith("s3://"):
+        bucket, _, prefix = path[len("s3://"):].partition("/")
+        return f"s3://{bucket}/" + (prefix.strip("/") + "/" if prefix.strip("/") else "")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    return ("/" if path.startswith("/") else "") + "/".join(parts) if parts else ("/" if path.startswith("/") else ".")
+
+
 def trial_key(path: str, listing_fingerprint: str) -> str:
     """path: the store's canonical_path."""
     identity = f"{path}\0{listing_fingerprint}\0{_SCHEMA}\0{_KEEP_RULES}"
@@ -209,7 +278,11 @@ class _Memory:
 
 
 class TrialCache:
-    """Trials and their analyses by key: memory, then the shared disk cache."""
+    """Trials and their analyses by key: memory, then the shared disk cache.
+
+    A value the disk cannot keep (no room even after culling, or a disk that refuses writes) is
+    kept in this process's memory only, and `not_kept()` says why: the page says so, and the
+    trial is still shown."""
 
     def __init__(self, directory: str, size_limit_mb: int = 2048, max_files: int | None = None):
         self.directory = directory
@@ -218,7 +291,16 @@ class TrialCache:
         self.disk = ForkSafeCache(os.path.join(directory, TRIALS_FOLDER),
                                 size_limit=int(size_limit_mb) * 2**20,
                                 eviction_policy="least-recently-used")
+        # Each file's parse, as Arrow columns any server process maps (no pickles): a reload of a
+        # running job's trial reads only its new files. Its own folder, with a limit of its own.
+        # The columns yield first on a small disk: they stop where the disk still has the reserve
+        # and as much again, room for the trials and analyses this cache culls for.
+        columns = os.path.join(directory, COLUMNS_FOLDER)
+        self.files = ColumnarFileCache(columns, size_limit_bytes=int(size_limit_mb) * 2**20,
+                                       keep_free_bytes=2 * free_space_reserve(shutil.disk_usage(directory).total))
         self.memory = _Memory(MEMORY_ITEMS)
+        self._local = threading.local()  # not_kept, per thread: a load and its writes run in one
+        self._cull_lock = threading.Lock()
 
     def _get(self, key: str):
         value = self.memory.get(key)
@@ -231,13 +313,67 @@ class TrialCache:
                 self.memory.put(key, value)
         return value
 
-    def _put(self, key: str, value) -> None:
-        self.disk.set(key, value)
+    def _put(self, key: str, value) -> bool:
         self.memory.put(key, value)
+        return self._keep(key, value)
+
+    def _keep(self, key: str, value) -> bool:
+        """Stores a value on the disk, culling the least recently used ones where its disk has no
+        room for it; False (and not_kept() says why) where it cannot."""
+        for attempt in (1, 2):
+            try:
+                self.disk.set(key, value)
+                return True
+            except CacheFullError as exc:
+                if attempt == 1 and self._make_room(exc.needed):
+                    continue
+                problem = f"no room for it: {exc.strerror}"
+            except (OSError, sqlite3.Error, diskcache.Timeout) as exc:  # a full, read-only or broken disk
+                problem = f"its disk refused to write it ({type(exc).__name__}: {exc})"
+            break
+        if getattr(self._local, "not_kept", None) is None:
+            log.warning("the trial cache in %s could not keep %s: %s", self.directory, key.split(":")[0], problem)
+        self._local.not_kept = problem
+        return False
+
+    def _make_room(self, needed: int) -> bool:
+        """Culls the least recently used values until the disk has `needed` bytes free beyond
+        its reserve; False when it cannot (the cache's own files are not that much)."""
+        usage = shutil.disk_usage(self.disk.directory)
+        short = needed + free_space_reserve(usage.total) - usage.free
+        if short <= 0:
+            return True
+        if short > self.disk.reset("size"):  # the bytes of its values' files, all of them
+            return False
+        with self._cull_lock:
+            limit = self.disk.size_limit
+            self.disk.size_limit = max(0, self.disk.volume() - short)  # this object only, not the setting
+            try:
+                self.disk.cull()
+            finally:
+                self.disk.size_limit = limit
+        usage = shutil.disk_usage(self.disk.directory)
+        return usage.free - needed >= free_space_reserve(usage.total)
+
+    def not_kept(self) -> str | None:
+        """Why the disk did not keep what this thread's last load read (None: it kept it all)."""
+        return getattr(self._local, "not_kept", None)
 
     def trial(self, key: str) -> Trial | None:
-        """A loaded trial by key, or None when it is not (or no longer) cached."""
-        return self._get(f"trial:{key}")
+        """A loaded trial by key, or None when it is not (or no longer) cached. One the disk could
+        not keep is read again, into this process's memory, while its files are as they were."""
+        found = self._get(f"trial:{key}")
+        if found is None:
+            try:
+                source = self.disk.get(f"source:{key}")
+            except Exception:  # noqa: BLE001 - as _get: none to read again
+                source = None
+            if source is not None:
+                path, options = source
+                again, found, _ = self.load(path, **options)
+                if again != key:  # the trial changed since: not the one asked for
+                    found = None
+        return found
 
     def load(self, path: str, *, roots: Sequence[str] | None = None,
              s3_buckets: Sequence[str] | None = None, on_progress: Progress | None = None,
@@ -252,6 +388,7 @@ class TrialCache:
         A trial without a single event is refused (NotATrialError), not cached; one over
         max_bytes or max_events (TrialTooLargeError) too.
         """
+        self._local.not_kept = None
         store = open_store(path, roots=roots, s3_buckets=s3_buckets)
         files = store.list()
         if on_listed is not None:
@@ -261,7 +398,7 @@ class TrialCache:
 
         def read() -> Trial:
             trial = load_trial(path, store=store, files=files, on_progress=on_progress, max_bytes=max_bytes,
-                               max_events=max_events, max_files=self.max_files, file_cache=self.disk)
+                               max_events=max_events, max_files=self.max_files, file_cache=self.files)
             if trial.framework.empty and trial.system.empty:
                 reasons = sorted({s.reason for s in trial.report.files_skipped})
                 raise NotATrialError(
@@ -278,6 +415,11 @@ class TrialCache:
             missing = "\0".join(sorted(s.path for s in trial.report.files_skipped if s.transient))
             key = trial_key(store.canonical_path, f"{fingerprint(files)}\0partial\0{missing}")
             self._put(f"trial:{key}", trial)
+        if self.not_kept() is not None and f"trial:{key}" not in self.disk:
+            # Kept in this process's memory only: how to read it again, for the other processes
+            # (the page's own server process draws it) and for this one once it is forgotten.
+            options = {"roots": roots, "s3_buckets": s3_buckets, "max_bytes": max_bytes, "max_events": max_events}
+            self._keep(f"source:{key}", (path, options))
         return key, trial, cached
 
     def _once(self, name: str, compute: Callable[[], object],

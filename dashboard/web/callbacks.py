@@ -16,13 +16,17 @@ from dataclasses import dataclass
 from typing import Sequence
 from urllib.parse import parse_qs
 
-from dash import ALL, Input, Output, State, ctx, no_update
+from dash import ALL, Input, Output, State, ctx, dcc, no_update
 
+from ..analysis.compare import Side, compare
+from ..analysis import ranks
 from ..analysis.diagnosis import parse_what_if
 from ..trial.errors import TrialError
-from . import views
-from .cache import TrialCache
-from .layout import OUTLIER_TABLES, Ids, summary_parts, what_if_lines
+from ..trial.frames import host_of
+from ..trial.store import fingerprint, open_store
+from . import compare_page, views
+from .cache import TrialCache, trial_key, trial_spelling
+from .layout import FOLLOW_IDLE_S, OUTLIER_TABLES, Ids, csv_button, summary_parts, what_if_lines
 
 log = logging.getLogger("dashboard.web")
 
@@ -43,6 +47,11 @@ class Context:
     s3_buckets: Sequence[str] | None = None
     max_bytes: int | None = None  # trials over these are refused (TrialTooLargeError)
     max_events: int | None = None
+
+
+def queued_progress(limit: int):
+    """The load's progress while it waits for a place (jobs.QueueingManager)."""
+    return lambda ahead: ["0", "1", f"Queued ({ahead} ahead): the server runs {limit} loads at a time…"]
 
 
 def _unexpected(what: str, exc: BaseException) -> str:
@@ -77,6 +86,29 @@ TRY_WHAT_IF_BUTTONS = {"type": Ids.TRY_WHAT_IF, "index": ALL, "change": ALL, "lo
 WHAT_IF_FIELDS = [Ids.WHAT_IF_WORKERS, Ids.WHAT_IF_PREFETCH, Ids.WHAT_IF_IN_ORDER, Ids.WHAT_IF_PERSISTENT]
 
 
+# Each outlier table's panel in views.panels().
+TABLE_PANELS = dict(zip(OUTLIER_TABLES, ("init", "workers", "getnext", "batchtime")))
+CSV_BUTTONS = [csv_button(table) for table in OUTLIER_TABLES]
+
+
+def listing_key(context: Context, path: str) -> str:
+    """The key a load of `path` would have now (cache.trial_key of its listing): one listing,
+    no file read. A follow tick compares it with the key shown."""
+    store = open_store(path, roots=context.roots, s3_buckets=context.s3_buckets)
+    return trial_key(store.canonical_path, fingerprint(store.list()))
+
+
+def newest_window(span: tuple[int, int], minutes) -> tuple[int, int] | None:
+    """The last `minutes` of the trial (None when minutes is not a positive number)."""
+    try:
+        minutes = float(minutes)
+    except (TypeError, ValueError):
+        return None
+    if not minutes > 0:
+        return None
+    return max(span[0], span[1] - int(minutes * 60e6)), span[1]
+
+
 def _shown_window(trigger, clicks) -> tuple[int, int] | None:
     """The window a clicked "show" button names (None for a button just drawn, not clicked)."""
     if not clicks:
@@ -87,13 +119,36 @@ def _shown_window(trigger, clicks) -> tuple[int, int] | None:
         return None
 
 
+def _rank_waits(context: Context, key: str, whole=None):
+    """The per-rank summaries of a loaded trial (analysis.ranks), once per trial; None when the
+    trial is no longer in the cache."""
+    whole = whole if whole is not None else context.cache.trial(key)
+    if whole is None:
+        return None
+    return context.cache.memo(f"rank-waits:{key}", lambda: ranks.rank_waits(whole.framework))
+
+
 def register_callbacks(app, context: Context) -> None:
     @app.callback(Output(Ids.LOAD_REQUEST, "data"), Output(Ids.TRIAL_PATH, "value"),
                   Input(Ids.URL, "search"), Input(Ids.LOAD, "n_clicks"), Input(Ids.REFRESH, "n_clicks"),
-                  Input(Ids.TRIAL_PATH, "n_submit"),
+                  Input(Ids.TRIAL_PATH, "n_submit"), Input(Ids.FOLLOW_INTERVAL, "n_intervals"),
                   State(Ids.TRIAL_PATH, "value"), State(Ids.TRIAL_STORE, "data"))
-    def request_load(search, _load, _refresh, _submit, typed, current):
+    def request_load(search, _load, _refresh, _submit, _tick, typed, current):
         trigger = ctx.triggered_id
+        if trigger == Ids.FOLLOW_INTERVAL:
+            # Following: a refresh only when the listing changed (a new or changed file); the
+            # refresh then reads only those files (the file cache).
+            if not current or not current.get("path") or not current.get("key"):
+                return no_update, no_update
+            try:
+                if listing_key(context, current["path"]) == current["key"]:
+                    return no_update, no_update
+            except TrialError:  # gone for a moment (S3 throttling, a rotation): the next tick sees
+                return no_update, no_update
+            except Exception as exc:  # noqa: BLE001
+                _unexpected("Following the trial", exc)
+                return no_update, no_update
+            return {"path": current["path"], "refresh": True, "follow": True, "nonce": time.time()}, no_update
         if trigger in (None, Ids.URL):  # the page was opened (or history moved): the URL's state
             query = _query(search)
             path = query.get("trial") or context.default_trial
@@ -141,13 +196,17 @@ def register_callbacks(app, context: Context) -> None:
             for part in ([None, node] if node else [None]):
                 context.cache.analysis(key, trial, part)
                 context.cache.assessment(key, trial, part)
+            not_kept = context.cache.not_kept()
         except TrialError as exc:
             return no_update, views.load_error_text(exc)
         except Exception as exc:  # noqa: BLE001 - the page gets a message, the log the traceback
             return no_update, _unexpected(f"Loading {path}", exc)
-        return {"path": path, "key": key, "start_us": trial.start_us, "end_us": trial.end_us,
+        # The URL shows the path in its one spelling: opened again, it names the same trial.
+        return {"path": trial_spelling(path), "key": key, "start_us": trial.start_us, "end_us": trial.end_us,
                 "window": request.get("window"), "node": request.get("node"),
-                "from_cache": cached, "loaded": views.now_iso(), "nonce": request.get("nonce")}, ""
+                "from_cache": cached, "loaded": views.now_iso(), "nonce": request.get("nonce")}, (
+                    f"The server's cache could not keep this trial ({not_kept}): it is shown, and read "
+                    f"again when needed." if not_kept else "")
 
     panel_outputs = [
         Output(Ids.SUMMARY_VERDICT, "children"), Output(Ids.SUMMARY_FINDINGS, "children"),
@@ -169,6 +228,7 @@ def register_callbacks(app, context: Context) -> None:
         Output(Ids.BATCH_COUNT, "children"), Output(Ids.BATCH_MEDIAN, "children"),
         Output(Ids.BATCH_GRAPH, "figure"), Output(Ids.BATCH_OUTLIER_COUNT, "children"),
         Output(Ids.BATCH_OUTLIERS, "rowData"),
+        Output(Ids.INIT_BODY, "className"), Output(Ids.WORKERS_BODY, "className"),
         *[Output(t, "selectedRows") for t in OUTLIER_TABLES],
         Output(Ids.ERROR, "children", allow_duplicate=True),
     ]
@@ -210,33 +270,44 @@ def register_callbacks(app, context: Context) -> None:
             getnext["count"], getnext["median_us"], getnext["max_us"], getnext["histogram"],
             getnext["timeline"], getnext["outlier_count"], getnext["outliers"],
             batch["count"], batch["median_s"], batch["figure"], batch["outlier_count"], batch["outliers"],
+            *[views.panel_body_class(panel) for panel in (init, workers)],
             *[[] for _ in OUTLIER_TABLES],
             no_update,
         ]
 
     @app.callback(Output(Ids.WINDOW_STORE, "data"),
                   Input(Ids.TRIAL_STORE, "data"), Input(Ids.OVERVIEW, "relayoutData"),
+                  Input(Ids.OVERVIEW, "selectedData"),
                   Input(Ids.WINDOW_GRAPH, "relayoutData"), Input(Ids.WHOLE_JOB, "n_clicks"),
                   *[Input(t, "selectedRows") for t in OUTLIER_TABLES], Input(SHOW_WINDOW_BUTTONS, "n_clicks"),
-                  Input(Ids.BUDGET_GRAPH, "clickData"), State(Ids.WINDOW_STORE, "data"), prevent_initial_call=True)
-    def set_window(store, overview_relayout, window_relayout, _whole, *rest):
-        # The tables' selections, the "show" buttons' clicks, a click on the budget, the window.
-        selections, budget_click, current = rest[:len(OUTLIER_TABLES)], rest[-2], rest[-1]
+                  Input(Ids.BUDGET_GRAPH, "clickData"), Input(Ids.RANK_HEATMAP, "clickData"),
+                  Input(Ids.FOLLOW_WINDOW, "value"),
+                  State(Ids.WINDOW_STORE, "data"), prevent_initial_call=True)
+    def set_window(store, overview_relayout, overview_selected, window_relayout, _whole, *rest):
+        # The tables' selections, the "show" buttons' clicks, a click on the budget, whether the
+        # window follows the newest minutes, the window.
+        selections, budget_click, rank_click, newest, current = (rest[:len(OUTLIER_TABLES)], rest[-4], rest[-3],
+                                                                  rest[-2], rest[-1])
         if not store or not store.get("key") or store.get("start_us") is None:
             return no_update
         span = (int(store["start_us"]), int(store["end_us"]))
         trigger = ctx.triggered_id
         chosen = None
+        # The outlier a user chose stays marked, whatever the window, until another is chosen.
+        selected = current.get("selected") if current and current.get("key") == store["key"] else None
         try:
             # A newly loaded trial gets its first window, whatever else triggered this call: a
             # request superseded by a newer one reports only the newer one's triggers.
             if not current or current.get("key") != store["key"]:
                 if current and current.get("path") == store["path"]:
-                    chosen = (current["start_us"], current["end_us"])  # a refresh keeps the window
+                    # A refresh (or a follow tick) keeps the window, unless it follows the newest minutes.
+                    chosen = newest_window(span, newest) or (current["start_us"], current["end_us"])
                 elif store.get("window"):
                     chosen = tuple(store["window"])  # the URL's window
                 else:
                     chosen = span
+            elif trigger == Ids.OVERVIEW and views.selection_cleared(ctx.triggered, Ids.OVERVIEW, overview_selected):
+                chosen = span  # a double-click on the overview (a box select's "deselect"): the whole job
             elif trigger in (Ids.OVERVIEW, Ids.WINDOW_GRAPH):
                 found = views.relayout_range(overview_relayout if trigger == Ids.OVERVIEW else window_relayout)
                 chosen = span if found == "full" else found  # a double-click: the whole job
@@ -246,28 +317,35 @@ def register_callbacks(app, context: Context) -> None:
                 row = views.selected_row(selections[OUTLIER_TABLES.index(trigger)])
                 if row is not None:
                     chosen = views.outlier_window(int(row["start_us"]), int(row["end_us"]))
+                    selected = views.selected_mark(row)
             elif isinstance(trigger, dict) and trigger.get("type") == Ids.SHOW_WINDOW:
                 chosen = _shown_window(trigger, ctx.triggered[0]["value"] if ctx.triggered else None)
+            elif trigger == Ids.RANK_HEATMAP:
+                cell = views.rank_cell(rank_click, _rank_waits(context, store["key"]))
+                chosen = cell[1:] if cell is not None else None
             elif trigger == Ids.BUDGET_GRAPH:
                 chosen = views.budget_click_window(budget_click)  # None: a part without a window
+            elif trigger == Ids.FOLLOW_WINDOW:
+                chosen = newest_window(span, newest)  # None: "window stays"
         except Exception as exc:  # noqa: BLE001 - a bad event never breaks the page
             _unexpected("Setting the window", exc)
             return no_update
         if chosen is None or chosen[1] <= chosen[0]:
             return no_update
         start, end = int(chosen[0]), int(chosen[1])
-        if current and current.get("key") == store["key"] and (current["start_us"], current["end_us"]) == (start, end):
+        if (current and current.get("key") == store["key"] and (current["start_us"], current["end_us"]) == (start, end)
+                and current.get("selected") == selected):
             return no_update
         return {"key": store["key"], "path": store["path"], "start_us": start, "end_us": end,
-                "start": views.iso_utc(start), "end": views.iso_utc(end)}
+                "start": views.iso_utc(start), "end": views.iso_utc(end), "selected": selected}
 
     @app.callback(Output(Ids.WINDOW_GRAPH, "figure"), Output(Ids.OVERVIEW, "figure"),
                   Output(Ids.WINDOW_RANGE, "children"), Output(Ids.WINDOW_ERROR, "children"),
                   Input(Ids.WINDOW_STORE, "data"), Input(Ids.SELECT_EVENTS, "value"),
                   Input(Ids.SELECT_DIMENSIONS, "value"), Input(Ids.NODE, "value"),
-                  State(Ids.TRIAL_STORE, "data"), State(Ids.OVERVIEW_DRAGMODE, "data"),
-                  prevent_initial_call=True)
-    def show_window(window, select_events, select_dimensions, node, store, dragmode):
+                  Input(Ids.WHAT_IF_LOADER, "value"),
+                  State(Ids.TRIAL_STORE, "data"), prevent_initial_call=True)
+    def show_window(window, select_events, select_dimensions, node, loader, store):
         if not window or not store or window.get("key") != store.get("key"):
             return no_update, no_update, no_update, no_update
         try:
@@ -277,7 +355,8 @@ def register_callbacks(app, context: Context) -> None:
         try:
             view = get_view(context, store["key"], node)
             payload = views.window_payload(view, window["start_us"], window["end_us"], select_events,
-                                           select_dimensions, dragmode=dragmode)
+                                           select_dimensions, loader=loader,
+                                           selected=window.get("selected"))
         except TrialEvicted:
             return no_update, no_update, no_update, EVICTED
         except Exception as exc:  # noqa: BLE001
@@ -325,12 +404,13 @@ def register_callbacks(app, context: Context) -> None:
     # link opens the same trial, node and window.
     app.clientside_callback(
         """
-        function(trial, win, node) {
+        function(trial, win, node, compared) {
             if (!trial || !trial.path) { return window.dash_clientside.no_update; }
             const enc = (v) => encodeURIComponent(v).replace(/%2F/g, '/').replace(/%3A/g, ':');
             let query = '?trial=' + enc(trial.path);
             if (win && win.key === trial.key) { query += '&start=' + enc(win.start) + '&end=' + enc(win.end); }
             if (node) { query += '&node=' + enc(node); }
+            if (compared && compared.path) { query += '&compare=' + enc(compared.path); }
             if (window.location.search !== query) {
                 window.history.replaceState(window.history.state, '', window.location.pathname + query);
             }
@@ -338,17 +418,7 @@ def register_callbacks(app, context: Context) -> None:
         }
         """,
         Output(Ids.URL_SYNC, "data"), Input(Ids.TRIAL_STORE, "data"), Input(Ids.WINDOW_STORE, "data"),
-        Input(Ids.NODE, "value"))
-
-    # The overview's drag mode (zoom, pan, box select), so that a redrawn overview keeps it.
-    app.clientside_callback(
-        """
-        function(relayout) {
-            if (relayout && relayout.dragmode) { return relayout.dragmode; }
-            return window.dash_clientside.no_update;
-        }
-        """,
-        Output(Ids.OVERVIEW_DRAGMODE, "data"), Input(Ids.OVERVIEW, "relayoutData"), prevent_initial_call=True)
+        Input(Ids.NODE, "value"), Input(Ids.COMPARE_STORE, "data"))
 
     # Inspecting an outlier or a finding's evidence: bring the timeline into view (not when a
     # table is cleared or new "show" buttons are drawn).
@@ -363,6 +433,13 @@ def register_callbacks(app, context: Context) -> None:
                 (Array.isArray(t.value) ? t.value.length : t.value);
             if (triggered.some(shows)) {
                 const el = document.getElementById('%s');
+                // The sticky header's height (it grows with an error or a second row of
+                // controls) is the scroll target's margin (assets: scroll-margin-top).
+                const header = document.querySelector('.header');
+                if (header) {
+                    document.documentElement.style.setProperty(
+                        '--header-height', Math.ceil(header.getBoundingClientRect().height) + 'px');
+                }
                 if (el) { el.scrollIntoView({block: 'start'}); }
             }
             return window.dash_clientside.no_update;
@@ -370,3 +447,202 @@ def register_callbacks(app, context: Context) -> None:
         """ % (Ids.BUDGET_GRAPH, Ids.TIMELINE),
         Output(Ids.TIMELINE, "title"), *[Input(t, "selectedRows") for t in OUTLIER_TABLES],
         Input(SHOW_WINDOW_BUTTONS, "n_clicks"), Input(Ids.BUDGET_GRAPH, "clickData"), prevent_initial_call=True)
+
+    @app.callback(Output(Ids.RANK_HEATMAP, "figure"), Output(Ids.RANKS, "className"), Output(Ids.RANK_NOTE, "children"),
+                  Input(Ids.TRIAL_STORE, "data"), Input(Ids.RANK_ORDER, "value"), Input(Ids.WINDOW_STORE, "data"),
+                  prevent_initial_call=True)
+    def show_ranks(store, order, window):
+        if not store or not store.get("key"):
+            return no_update, no_update, no_update
+        try:
+            whole = context.cache.trial(store["key"])
+            if whole is None:
+                return no_update, no_update, no_update
+            waits = _rank_waits(context, store["key"], whole)
+            shown = None
+            if window and window.get("key") == store["key"]:
+                shown = (int(window["start_us"]), int(window["end_us"]))
+            view = views.rank_heatmap_view(waits, order, shown)
+        except Exception as exc:  # noqa: BLE001 - a bad event never breaks the page
+            return no_update, no_update, _unexpected("Drawing the ranks", exc)
+        return view["figure"], view["class"], view["note"]
+
+    @app.callback(Output(Ids.NODE, "value", allow_duplicate=True), Input(Ids.RANK_HEATMAP, "clickData"),
+                  State(Ids.NODE, "options"), State(Ids.TRIAL_STORE, "data"), prevent_initial_call=True)
+    def scope_to_rank(click, options, store):
+        """A click on a heat-map cell scopes the page to that cell's process."""
+        if not store or not store.get("key"):
+            return no_update
+        cell = views.rank_cell(click, _rank_waits(context, store["key"]))
+        values = {o["value"] for o in options or []}
+        if cell is None:
+            return no_update
+        # The process, or its host when the host has no other (the selector then lists the host only).
+        chosen = cell[0] if cell[0] in values else host_of(cell[0])
+        return chosen if chosen in values else no_update
+
+    # Which trial the panels show. A load that failed leaves them as they were: say whose they
+    # are, so that the path box (the failed path) is not read as theirs.
+    app.clientside_callback(
+        """
+        function(error, store, request) {
+            if (!store || !store.path) { return [window.dash_clientside.no_update, 'shown-trial']; }
+            const failed = Boolean(error) && request && request.nonce !== store.nonce;
+            if (failed) {
+                const asked = request.path ? request.path + ' was not loaded. ' : '';
+                return [asked + 'The panels below still show the previous trial: ' + store.path,
+                        'shown-trial stale'];
+            }
+            return ['Showing ' + store.path, 'shown-trial'];
+        }
+        """,
+        Output(Ids.SHOWN_TRIAL, "children"), Output(Ids.SHOWN_TRIAL, "className"),
+        Input(Ids.ERROR, "children"), Input(Ids.TRIAL_STORE, "data"), State(Ids.LOAD_REQUEST, "data"))
+
+    register_follow_callbacks(app)
+    register_download_callbacks(app, context)
+    register_compare_callbacks(app, context)
+
+
+# --- following a running job ---------------------------------------------------------------------
+
+def follow_state(on: bool, hidden: bool, trigger, store: dict | None, state: dict | None, now: float,
+                 idle_s: float = None) -> tuple[bool, dict, str, bool]:
+    """What following does now: (interval disabled, state, note, still on). The state keeps the
+    key last shown and when it last changed; following stops after idle_s without a change
+    (seconds counted while the tab is visible)."""
+    idle_s = FOLLOW_IDLE_S if idle_s is None else idle_s
+    state = dict(state or {})
+    key = (store or {}).get("key")
+    if trigger == Ids.FOLLOW or trigger == Ids.VISIBILITY or key != state.get("key") or "changed_at" not in state:
+        state.update(key=key, changed_at=now)  # switched on, back in view, or the trial changed
+    if not on:
+        return True, state, "", False
+    if hidden:
+        return True, state, "paused while this tab is hidden", True
+    if now - state["changed_at"] > idle_s:
+        return True, state, (f"stopped: no file of the trial changed for {idle_s:g} s; switch Follow on to "
+                             f"watch again"), False
+    return False, state, "following: new files are read every few seconds", True
+
+
+def register_follow_callbacks(app) -> None:
+    # The tab's visibility, kept in a store by the page itself: following pauses while hidden.
+    app.clientside_callback(
+        """
+        function(_) {
+            if (!window._dataloaderVisibility) {
+                window._dataloaderVisibility = true;
+                document.addEventListener('visibilitychange', function() {
+                    window.dash_clientside.set_props('%s', {data: document.visibilityState});
+                });
+            }
+            return document.visibilityState;
+        }
+        """ % Ids.VISIBILITY,
+        Output(Ids.VISIBILITY, "data"), Input(Ids.URL, "pathname"))
+
+    @app.callback(Output(Ids.FOLLOW_INTERVAL, "disabled"), Output(Ids.FOLLOW_STATE, "data"),
+                  Output(Ids.FOLLOW_NOTE, "children"), Output(Ids.FOLLOW, "value"),
+                  Input(Ids.FOLLOW, "value"), Input(Ids.VISIBILITY, "data"), Input(Ids.FOLLOW_INTERVAL, "n_intervals"),
+                  Input(Ids.TRIAL_STORE, "data"), State(Ids.FOLLOW_STATE, "data"), prevent_initial_call=True)
+    def follow(value, visibility, _tick, store, state):
+        on = "on" in (value or [])
+        disabled, state, note, still_on = follow_state(on, visibility == "hidden", ctx.triggered_id, store, state,
+                                                       time.time())
+        return disabled, state, note, (no_update if still_on == on else [])
+
+
+# --- downloads -------------------------------------------------------------------------------------
+
+def register_download_callbacks(app, context: Context) -> None:
+    @app.callback(Output(Ids.DOWNLOAD, "data"), Output(Ids.ERROR, "children", allow_duplicate=True),
+                  *[Input(button, "n_clicks") for button in CSV_BUTTONS], Input(Ids.EXPORT_JSON, "n_clicks"),
+                  Input(Ids.EXPORT_TRACE, "n_clicks"), State(Ids.TRIAL_STORE, "data"), State(Ids.NODE, "value"),
+                  State(Ids.WINDOW_STORE, "data"), State(Ids.SELECT_EVENTS, "value"),
+                  State(Ids.SELECT_DIMENSIONS, "value"), prevent_initial_call=True)
+    def download(*args):
+        store, node, window, select_events, select_dimensions = args[-5:]
+        trigger = ctx.triggered_id
+        if not (ctx.triggered and ctx.triggered[0]["value"]) or not store or not store.get("key"):
+            return no_update, no_update
+        node = node or ""
+        try:
+            view = get_view(context, store["key"], node)
+            path = store["path"] + (f"-{node}" if node else "")
+            if trigger in CSV_BUTTONS:
+                table = OUTLIER_TABLES[CSV_BUTTONS.index(trigger)]
+                rows = context.cache.memo(f"panels:{store['key']}:{node}",
+                                          lambda: views.panels(view))[TABLE_PANELS[table]]["outliers"]
+                return dcc.send_string(views.outlier_csv(rows), views.download_name(path, table, ".csv"),
+                                       type="text/csv"), ""
+            if trigger == Ids.EXPORT_JSON:
+                return dcc.send_string(views.analysis_json(view), views.download_name(path, "analysis", ".json"),
+                                       type="application/json"), ""
+            if trigger == Ids.EXPORT_TRACE:
+                if not window or window.get("key") != store["key"]:
+                    return no_update, "Choose a window on the timeline first."
+                start, end = int(window["start_us"]), int(window["end_us"])
+                try:
+                    text = views.window_trace_json(view, start, end, select_events, select_dimensions)
+                except ValueError as exc:  # an invalid filter: the window's own message
+                    return no_update, str(exc)
+                return dcc.send_string(text, views.download_name(path, f"window-{start}-{end}", ".json"),
+                                       type="application/json"), ""
+        except TrialEvicted:
+            return no_update, EVICTED
+        except Exception as exc:  # noqa: BLE001
+            return no_update, _unexpected("The download", exc)
+        return no_update, no_update
+
+
+# --- two runs compared --------------------------------------------------------------------------
+
+def register_compare_callbacks(app, context: Context) -> None:
+    @app.callback(Output(Ids.COMPARE_REQUEST, "data"), Output(Ids.COMPARE_PATH, "value"),
+                  Input(Ids.URL, "search"), Input(Ids.COMPARE, "n_clicks"), Input(Ids.COMPARE_PATH, "n_submit"),
+                  State(Ids.COMPARE_PATH, "value"))
+    def request_compare(search, _clicks, _submit, typed):
+        if ctx.triggered_id in (None, Ids.URL):
+            path = _query(search).get("compare", "")
+            if not path:
+                return no_update, no_update
+            return {"path": path, "nonce": time.time()}, path
+        return {"path": (typed or "").strip(), "nonce": time.time()}, no_update
+
+    @app.callback(Output(Ids.COMPARE_STORE, "data"), Output(Ids.COMPARE_ERROR, "children"),
+                  Input(Ids.COMPARE_REQUEST, "data"), background=True, prevent_initial_call=True, interval=250,
+                  running=[(Output(Ids.COMPARE, "disabled"), True, False)])
+    def load_compare(request):
+        path = (request or {}).get("path") or ""
+        if not path:
+            return None, ""  # an empty path ends the comparison
+        try:
+            key, trial, _ = context.cache.load(path, roots=context.roots, s3_buckets=context.s3_buckets,
+                                               max_bytes=context.max_bytes, max_events=context.max_events)
+            context.cache.analysis(key, trial, None)
+            context.cache.assessment(key, trial, None)
+        except TrialError as exc:
+            return no_update, views.load_error_text(exc)
+        except Exception as exc:  # noqa: BLE001
+            return no_update, _unexpected(f"Loading {path}", exc)
+        return {"path": path, "key": key, "nonce": request.get("nonce")}, ""
+
+    @app.callback(Output(Ids.COMPARE_SECTION, "className"), Output(Ids.COMPARE_BODY, "children"),
+                  Output(Ids.COMPARE_ERROR, "children", allow_duplicate=True),
+                  Input(Ids.TRIAL_STORE, "data"), Input(Ids.COMPARE_STORE, "data"), prevent_initial_call=True)
+    def show_compare(store, compared):
+        if not compared or not compared.get("key"):
+            return "panel compare hidden", [], no_update
+        if not store or not store.get("key"):
+            return no_update, no_update, no_update
+        try:
+            view_a, view_b = get_view(context, store["key"], None), get_view(context, compared["key"], None)
+            data = context.cache.memo(f"compare:{store['key']}:{compared['key']}", lambda: compare_page.compare_data(
+                view_a, view_b, compare(Side(view_a.assessment, view_a.trial.framework),
+                                        Side(view_b.assessment, view_b.trial.framework))))
+        except TrialEvicted:
+            return no_update, no_update, EVICTED
+        except Exception as exc:  # noqa: BLE001
+            return no_update, no_update, _unexpected("Comparing the trials", exc)
+        return "panel compare", compare_page.compare_component(data, Ids), ""

@@ -19,23 +19,41 @@ import plotly.graph_objects as go
 from .. import format as fmt
 from ..analysis import decimate
 from ..analysis.dataloader import BatchTimeResult, DurationStats, InitializationResult, Window, ints_or
+from ..display import TIME_ZONE, axis_unit, duration_s, duration_us, durations_us, number_text, short_name
 
 MAX_POINTS = 50_000
 OVERVIEW_COARSE_BUCKETS = 600
 FONT = "Inter, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
-PALETTE = ["#2563eb", "#f97316", "#16a34a", "#9333ea", "#0891b2", "#db2777", "#ca8a04", "#4b5563",
-           "#dc2626", "#65a30d", "#7c3aed", "#0d9488"]
-OUTLIER_COLOR = "#dc2626"
+# Colours readers with any common colour-vision deficiency tell apart: the Okabe-Ito palette
+# (tests/test_display.py checks every event kind's colour against the others under simulated
+# protanopia, deuteranopia and tritanopia). Series beyond its eight (many CPU cores) are named
+# on hover.
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#999999",
+           "#F0E442", "#882255", "#44AA99", "#117733"]
+OUTLIER_COLOR = "#D55E00"  # vermillion: outliers and GetNext stalls, wherever they are drawn
+SELECTED_COLOR = "#000000"  # the outlier a user chose, outlined
+# One colour per event kind, none shared (compute steps a light grey: what is not waiting).
 PHASE_COLORS = {
-    fmt.PHASE_INIT: "#9333ea",
-    fmt.PHASE_ITER: "#2563eb",
-    fmt.PHASE_WORKER: "#16a34a",
-    fmt.PHASE_WORKER_FETCH: "#0d9488",
-    fmt.PHASE_STEP_TRAIN: "#f97316",
-    fmt.PHASE_STEP_EVAL: "#ca8a04",
+    fmt.PHASE_INIT: "#CC79A7",
+    fmt.PHASE_ITER: "#0072B2",
+    fmt.PHASE_WORKER: "#009E73",
+    fmt.PHASE_WORKER_FETCH: "#56B4E9",
+    fmt.LEGACY_PHASE_WORKER_FETCH: "#56B4E9",  # the same kind, under its older name
+    fmt.PHASE_FIRST_BATCH: "#E69F00",
+    fmt.PHASE_STEP_TRAIN: "#C8C8C8",
+    fmt.PHASE_STEP_EVAL: "#F0E442",
+    fmt.PHASE_EPOCH_END: "#000000",
 }
-PHASE_ORDER = [fmt.PHASE_INIT, fmt.PHASE_ITER, fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH,
-               fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_EVAL]
+PHASE_ORDER = [fmt.PHASE_INIT, fmt.PHASE_FIRST_BATCH, fmt.PHASE_ITER, fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH,
+               fmt.LEGACY_PHASE_WORKER_FETCH, fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_EVAL, fmt.PHASE_EPOCH_END]
+# Other phases (Kineto's, a newer collector's) take these, in order of appearance: Paul Tol's
+# muted colours, apart from the kinds above.
+OTHER_PHASE_COLORS = ["#882255", "#44AA99", "#117733", "#332288", "#AA4499", "#999933", "#661100", "#6699CC"]
+STALL_NAME = "GetNext stall"
+SELECTED_NAME = "selected outlier"
+NOTE_PX = 56  # a figure that only says there is nothing to draw: one line
+# Date axes read epoch times in UTC (plotly's numbers on a date axis): the title says so.
+TIME_AXIS_TITLE = {"text": f"time ({TIME_ZONE})", "standoff": 4, "font": {"size": 11, "color": "#6b7280"}}
 MAX_GANTT_ROWS = 40
 MAX_LEGEND_ITEMS = 8  # a subplot with more series (many CPU cores) names them on hover only
 METRIC_ROW_PX = 120
@@ -130,7 +148,7 @@ def _gantt_traces(start_us: np.ndarray, end_us: np.ndarray, rows: np.ndarray, co
         texts = []
         for c, is_single, bs, be in zip(count.tolist(), single.tolist(), s.tolist(), e.tolist()):
             text = next(alone) if is_single else (
-                f"{c} {plain(name)} events merged at this zoom<br>{(be - bs) / 1000:,.3f} ms span")
+                f"{c:,} {plain(name)} events merged at this zoom<br>{duration_us(be - bs)} span")
             texts += [text, text, text, ""]
         traces.append({"type": "scatter", "x": typed_array(x), "y": typed_array(y), "mode": "lines",
                        "name": plain(name), "legendgroup": f"gantt-{name}", "xaxis": axes[0], "yaxis": axes[1],
@@ -150,7 +168,7 @@ def _event_hover(frame: pd.DataFrame):
         out = []
         for name, pid, worker, dur in zip(part["name"].astype(str).tolist(), part["pid"].tolist(),
                                           part["worker_id"].tolist(), part["duration_us"].tolist()):
-            text = f"{plain(name)}<br>{dur:,} us<br>pid {'?' if pid is pd.NA else pid}"
+            text = f"{plain(name)}<br>{duration_us(dur)}<br>pid {'?' if pid is pd.NA else pid}"
             if worker is not pd.NA:
                 text += f", worker {worker}"
             out.append(text)
@@ -225,42 +243,99 @@ def gantt_rows(frame: pd.DataFrame, max_rows: int = MAX_GANTT_ROWS) -> GanttRows
     return GanttRows(rank[codes], labels)
 
 
+def phase_colors(phases) -> dict[str, str]:
+    """The colour of each phase: its own (PHASE_COLORS), or the next of OTHER_PHASE_COLORS."""
+    others = iter(OTHER_PHASE_COLORS * (1 + len(phases) // len(OTHER_PHASE_COLORS)))
+    return {p: PHASE_COLORS[p] if p in PHASE_COLORS else next(others) for p in phases}
+
+
+def stall_label(stall_us: float) -> str:
+    return f"{STALL_NAME} (over {duration_us(stall_us)})"
+
+
 def framework_gantt(frame: pd.DataFrame, rows: GanttRows, span_us: float, budget: int,
-                    axes: tuple[str, str] = ("x", "y")) -> list[dict]:
-    """Gantt traces of framework events, one colour per phase, within about `budget` points."""
+                    axes: tuple[str, str] = ("x", "y"), stall_us: float | None = None) -> list[dict]:
+    """Gantt traces of framework events, one colour per phase, within about `budget` points.
+
+    GetNexts longer than `stall_us` (the outlier threshold) are stalls: bars of their own
+    colour, never merged into their neighbours' bar, and a tick on each (peaks_over), which
+    stays visible when the bar is narrower than a pixel."""
     phase_codes, phase_names = _category_codes(frame["phase"])
     present = sorted({phase_names[c] if c >= 0 else "?" for c in np.unique(phase_codes).tolist()},
                      key=_phase_rank)
-    colors = {p: PHASE_COLORS.get(p, PALETTE[(i + 7) % len(PALETTE)]) for i, p in enumerate(present)}
+    colors = phase_colors(present)
     color_of_code = np.array([present.index(p) if p in present else -1 for p in phase_names]
                              + [present.index("?") if "?" in present else -1])
+    codes = color_of_code[phase_codes]
+    names, values = list(present), [colors[p] for p in present]
+    durations = frame["duration_us"].to_numpy(dtype="float64", na_value=np.nan)
+    stalls = np.zeros(len(frame), dtype=bool)
+    if stall_us is not None and fmt.PHASE_ITER in phase_names:
+        stalls = (phase_codes == phase_names.index(fmt.PHASE_ITER)) & (durations > stall_us)
+        if stalls.any():
+            codes = np.where(stalls, len(names), codes)
+            names.append(stall_label(stall_us))
+            values.append(OUTLIER_COLOR)
     n_rows = max(1, len(rows.labels))
     bars_per_row = int(np.clip(budget / 4 / n_rows, 100, decimate.DEFAULT_BUCKETS))
-    return _gantt_traces(frame["start_us"].to_numpy(), frame["end_us"].to_numpy(), rows.row,
-                         color_of_code[phase_codes], present, [colors[p] for p in present],
-                         _event_hover(frame), gap_us=max(span_us, 1) / bars_per_row, axes=axes)
+    starts, ends = frame["start_us"].to_numpy(), frame["end_us"].to_numpy()
+    traces = _gantt_traces(starts, ends, rows.row, codes, names, values, _event_hover(frame),
+                           gap_us=max(span_us, 1) / bars_per_row, axes=axes)
+    if stalls.any():
+        traces[-1]["meta"] = "stall-bars"  # the stall colour is the last, so its trace too
+        at = np.flatnonzero(stalls)
+        middle = (starts[at] + ends[at]) / 2
+        keep = at[decimate.peaks_over(middle, durations[at], stall_us)]
+        middle = (starts[keep] + ends[keep]) / 2
+        traces.append({"type": "scatter", "x": typed_array(us_to_ms(middle)),
+                       "y": typed_array(rows.row[keep].astype("float64")), "mode": "markers",
+                       "name": names[-1], "legendgroup": f"gantt-{names[-1]}", "showlegend": False,
+                       "xaxis": axes[0], "yaxis": axes[1], "meta": "stall-marks",
+                       "marker": {"symbol": "line-ns", "size": 16, "line": {"width": 3, "color": OUTLIER_COLOR}},
+                       "hovertext": [f"{STALL_NAME}: {t}" for t in durations_us(durations[keep])],
+                       "hoverinfo": "text"})
+    return traces
 
 
 # --- the window: system metrics and framework events ----------------------------------------
 
-_METRIC_GROUPS = [  # (type, dimension or name, title)
-    ("cpu", "CPUUtilization", "CPU utilization % (per core)"),
-    ("cpu", "I/OWaitPercentage", "I/O wait % (per core)"),
-    ("gpu", "GPUUtilization", "GPU utilization %"),
-    ("gpu", "GPUMemoryUtilization", "GPU memory utilization %"),
-    ("memory", None, "Memory used %"),
-    ("i/o", "IOPS", "I/O operations per second"),
-    ("i/o", None, "I/O throughput (bytes/s)"),
-    ("network", None, "Network (bytes/s)"),
+_METRIC_GROUPS = [  # (type, dimension or name, what it is, its unit, of what)
+    ("cpu", "CPUUtilization", "CPU utilization", "%", "per core"),
+    ("cpu", "I/OWaitPercentage", "I/O wait", "%", "per core"),
+    ("gpu", "GPUUtilization", "GPU utilization", "%", ""),
+    ("gpu", "GPUMemoryUtilization", "GPU memory utilization", "%", ""),
+    ("memory", None, "Memory used", "%", ""),
+    ("i/o", "IOPS", "I/O operations", "per second", ""),
+    ("i/o", None, "I/O throughput", "bytes/s", ""),
+    ("network", None, "Network", "bytes/s", ""),
 ]
 
 
-def metric_group(type_: str, name: str, dimension: str) -> tuple[int, str]:
-    """(order, subplot title) of a system metric."""
-    for order, (group_type, key, title) in enumerate(_METRIC_GROUPS):
+@dataclass(frozen=True, order=True)
+class MetricGroup:
+    """A subplot of the window: the metrics of one kind, in one unit."""
+    order: int
+    name: str
+    unit: str = ""
+    of: str = ""
+
+    @property
+    def title(self) -> str:
+        inside = ", ".join(part for part in (self.unit, self.of) if part)
+        return f"{self.name} ({inside})" if inside else self.name
+
+    def flat_text(self, value: float) -> str:
+        """The one line a group says when its every series holds one value."""
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.name}: {number_text(value, 3)}{unit} throughout"
+
+
+def metric_group(type_: str, name: str, dimension: str) -> MetricGroup:
+    """The subplot a system metric is drawn in."""
+    for order, (group_type, key, what, unit, of) in enumerate(_METRIC_GROUPS):
         if type_ == group_type and (key is None or key in (dimension, name)):
-            return order, title
-    return len(_METRIC_GROUPS), plain(f"{type_} {dimension or name}".strip())
+            return MetricGroup(order, what, unit, of)
+    return MetricGroup(len(_METRIC_GROUPS), plain(f"{type_} {dimension or name}".strip()))
 
 
 def _series_label(node: str, name: str, dimension: str, multi_node: bool) -> str:
@@ -284,47 +359,133 @@ def _window_span(window: Window) -> tuple[int, int] | None:
     return int(lo), int(max(hi, lo + 1))
 
 
+def _flat_value(ys: list[np.ndarray]) -> float | None:
+    """The one value every sample of these series holds, or None (they vary, or hold none)."""
+    values = np.concatenate([y[~np.isnan(y)] for y in ys]) if ys else np.array([])
+    if not len(values):
+        return None
+    lo, hi = float(values.min()), float(values.max())
+    return lo if hi - lo <= 1e-9 * max(1.0, abs(hi)) else None
+
+
+BATCH_ROW_PX = 110
+WAIT_NAME = "waiting for the batch (GetNext)"
+COMPUTE_NAME = "computing until the next"
+
+
+@dataclass
+class BatchBars:
+    """Wait against compute of one loader, as the window draws them: one bar per batch, or per
+    bucket of batches (then each bar the bucket's mean per batch). Times epoch us."""
+    loader: str
+    start_us: np.ndarray
+    end_us: np.ndarray
+    wait_us: np.ndarray
+    compute_us: np.ndarray  # NaN: not known (an iterator's last batch)
+    batches: np.ndarray  # how many batches a bar stands for
+    first: np.ndarray  # the number (0-based, in the loader's order) of a bar's first batch
+
+
+def batch_traces(bars: BatchBars, axes: tuple[str, str]) -> tuple[list[dict], str]:
+    """The stacked bars of wait on compute, and the unit of their axis."""
+    compute = np.nan_to_num(bars.compute_us, nan=0.0)
+    unit = axis_unit(float(np.max(bars.wait_us + compute)) if len(compute) else 0.0)
+    # Thin: each bar takes most of its own span, so the gaps show where one batch ends.
+    span_ms = np.maximum((bars.end_us - bars.start_us) / 1000.0, 0.0)
+    width = (span_ms * 0.8).tolist()
+    x = us_to_ms(bars.start_us + (bars.end_us - bars.start_us) * 0.1).tolist()
+    texts = []
+    for n, first, wait, comp in zip(bars.batches.tolist(), bars.first.tolist(), bars.wait_us.tolist(),
+                                    bars.compute_us.tolist()):
+        which = f"batch {first + 1:,}" if n == 1 else f"batches {first + 1:,}–{first + n:,} (mean per batch)"
+        computes = "not known (the iterator's last)" if not np.isfinite(comp) else duration_us(comp)
+        texts.append(f"{which}<br>waits {duration_us(wait)}<br>computes {computes}")
+    common = {"type": "bar", "x": x, "width": width, "offset": 0, "xaxis": axes[0], "yaxis": axes[1],
+              "hovertext": texts, "hoverinfo": "text", "legend": "legend", "showlegend": True}
+    return [
+        {**common, "name": WAIT_NAME, "y": (bars.wait_us / unit.us).tolist(), "meta": "batch-wait",
+         "marker": {"color": PHASE_COLORS[fmt.PHASE_ITER], "line": {"width": 0}}},
+        {**common, "name": COMPUTE_NAME, "y": (compute / unit.us).tolist(), "meta": "batch-compute",
+         "marker": {"color": PHASE_COLORS[fmt.PHASE_STEP_TRAIN], "line": {"width": 0}}},
+    ], unit.name
+
+
+def selected_mark(selected: dict, axes: tuple[str, str], y_range: tuple[float, float]) -> dict:
+    """An outline around the chosen outlier's time, over a subplot's whole height."""
+    s, e = us_to_ms([selected["start_us"], selected["end_us"]]).tolist()
+    lo, hi = y_range
+    label = plain(selected.get("label") or SELECTED_NAME)
+    return {"type": "scatter", "x": [s, s, e, e, s], "y": [lo, hi, hi, lo, lo], "mode": "lines",
+            "name": SELECTED_NAME, "meta": "selected-outlier", "xaxis": axes[0], "yaxis": axes[1],
+            "line": {"color": SELECTED_COLOR, "width": 2, "dash": "dot"}, "fill": "toself",
+            "fillcolor": "rgba(0,0,0,0.05)", "hoverinfo": "text", "hovertext": label, "showlegend": False}
+
+
 def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: str | None = None,
                        uirevision: str | None = None, x_range: tuple[int, int] | None = None,
-                       range_revision: str | None = None) -> dict:
+                       range_revision: str | None = None, stall_us: float | None = None,
+                       selected: dict | None = None, batches: BatchBars | None = None) -> dict:
     """window_figure as a plain dict (what the dashboard sends; no plotly validation cost).
 
     x_range: the time range shown, when the window holds a little more (the samples just
     outside, so that metric lines cross a window narrower than the sampling interval).
     uirevision keeps what the user changed (hidden series, drag mode) across updates;
     range_revision, changed with each window, makes the axes take the new window's range.
+    stall_us: GetNexts longer are drawn as stalls (framework_gantt). selected: the outlier
+    a user chose ({start_us, end_us, label}), outlined. batches: the selected loader's wait
+    against compute, a subplot over the framework events.
+    A kind of metric that holds one value throughout (I/O wait at 0 %) is one line of text
+    at the top, not a subplot.
     """
     span_us = x_range or _window_span(window)
     if span_us is None:
-        return empty_figure_spec("Nothing recorded in this window")
+        return empty_figure_spec("Nothing recorded in this window", height=NOTE_PX)
     lo, hi = span_us
     system, framework = window.system, window.framework
-    series = []  # (order, title, label, x, y)
+    series = []  # (group, label, x, y)
     if len(system):
         keys = ["node", "type", "name", "dimension"]
         multi_node = system["node"].nunique() > 1
         for (node, type_, name, dimension), part in system.groupby(keys, observed=True, sort=True):
-            order, group_title = metric_group(str(type_), str(name), str(dimension))
-            series.append((order, group_title, _series_label(str(node), str(name), str(dimension), multi_node),
-                           part["timestamp_us"].to_numpy(), part["value"].to_numpy()))
-    groups = sorted({(s[0], s[1]) for s in series})
+            group = metric_group(str(type_), str(name), str(dimension))
+            series.append((group, _series_label(str(node), str(name), str(dimension), multi_node),
+                           part["timestamp_us"].to_numpy(), part["value"].to_numpy(dtype="float64")))
+    flat_lines = []
+    for group in sorted({s[0] for s in series}):
+        value = _flat_value([s[3] for s in series if s[0] == group])
+        if value is not None:
+            flat_lines.append(group.flat_text(value))
+            series = [s for s in series if s[0] != group]
+    groups = sorted({s[0] for s in series})
     rows = gantt_rows(framework) if len(framework) else GanttRows(np.array([], dtype="int64"), [])
-    if not groups and not rows.labels:
+    has_bars = batches is not None and len(batches.start_us) > 0
+    if not groups and not rows.labels and not has_bars:
+        if flat_lines:
+            return empty_figure_spec("<br>".join(flat_lines), height=NOTE_PX + 16 * (len(flat_lines) - 1))
         return empty_figure_spec("No system metrics or framework events in this window "
-                                 "(check the time range and the two filters)")
+                                 "(check the time range and the two filters)", height=NOTE_PX)
 
-    # Stack the subplots top to bottom: metric rows, then the Gantt; heights in pixels.
-    heights = [METRIC_ROW_PX] * len(groups) + ([40 + GANTT_ROW_PX * len(rows.labels)] if rows.labels else [])
-    titles = [g[1] for g in groups] + (["Framework events (phase · process)"] if rows.labels else [])
-    gap_px, top_px, legend_px = 34, 30, 48
-    bottom_px = legend_px + (40 if rows.labels else 0)
+    # Stack the subplots top to bottom: metric rows, the loader's batches, then the Gantt; heights in pixels.
+    heights = ([METRIC_ROW_PX] * len(groups) + ([BATCH_ROW_PX] if has_bars else [])
+               + ([40 + GANTT_ROW_PX * len(rows.labels)] if rows.labels else []))
+    titles = ([g.title for g in groups]
+              + ([f"Wait against compute per batch: {plain(batches.loader)}"] if has_bars else [])
+              + (["Framework events (phase · process)"] if rows.labels else []))
+    gap_px, legend_px = 34, 66  # the legend under the time axis: its ticks (two lines) and title
+    top_px = 30 + 16 * len(flat_lines)
+    bottom_px = legend_px + (40 if rows.labels or has_bars else 0)
     plot_px = sum(heights) + gap_px * (len(heights) - 1)
     total_px = plot_px + top_px + bottom_px
     layout = {"template": TEMPLATE, "height": total_px, "showlegend": True,
               "margin": {"l": 60, "r": 20, "t": top_px, "b": bottom_px}, "annotations": [],
-              "uirevision": uirevision}
+              "uirevision": uirevision, "barmode": "stack", "bargap": 0}
     if title:
         layout["title"] = {"text": title}
+    if flat_lines:
+        layout["annotations"].append({"text": "<br>".join(flat_lines), "x": 0, "xref": "paper", "y": 1,
+                                      "yref": "paper", "xanchor": "left", "yanchor": "bottom", "yshift": 20,
+                                      "align": "left", "showarrow": False, "name": "flat",
+                                      "font": {"size": 12, "color": "#4b5563"}})
     axes = []
     top = 1.0
     for i, (height, subtitle) in enumerate(zip(heights, titles), 1):
@@ -336,6 +497,7 @@ def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: s
                                     "uirevision": range_revision,
                                     "showticklabels": last, "showspikes": True, "spikemode": "across",
                                     "spikethickness": 1, "spikecolor": "#9ca3af",
+                                    **({"title": TIME_AXIS_TITLE} if last else {}),
                                     **({"matches": "x"} if i > 1 else {})}
         layout[f"yaxis{suffix}"] = {"domain": [max(0.0, bottom), top], "anchor": f"x{suffix}",
                                     "rangemode": "tozero", "uirevision": range_revision}
@@ -343,7 +505,7 @@ def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: s
                                       "yref": "paper", "xanchor": "left", "yanchor": "bottom",
                                       "showarrow": False, "font": {"size": 12, "color": "#374151"}})
         axes.append((f"x{suffix}", f"y{suffix}"))
-        if last and rows.labels:  # the phase legend goes under the time axis
+        if last:  # the phase legend goes under the time axis
             layout["legend"] = {"orientation": "h", "x": 0, "xanchor": "left", "y": -legend_px / plot_px,
                                 "yanchor": "top", "font": {"size": 11}}
         top = bottom - gap_px / plot_px
@@ -352,29 +514,44 @@ def window_figure_spec(window: Window, *, max_points: int = MAX_POINTS, title: s
     system_budget = max_points // 2 if rows.labels else max_points
     per_series = max(20, min(decimate.DEFAULT_BUCKETS, system_budget // (2 * max(1, len(series)))))
     row_of = {g: i for i, g in enumerate(groups)}
-    in_row = [sum(1 for s in series if row_of[(s[0], s[1])] == r) for r in range(len(groups))]
+    in_row = [sum(1 for s in series if row_of[s[0]] == r) for r in range(len(groups))]
     color_index: dict[int, int] = {}
     for r, count in enumerate(in_row):
         if count <= MAX_LEGEND_ITEMS:  # each subplot its own legend, on its title line
             top_of_row = layout[f"yaxis{r + 1 if r else ''}"]["domain"][1]
             layout[f"legend{r + 2}"] = {"orientation": "h", "x": 1, "xanchor": "right", "y": top_of_row,
                                         "yanchor": "bottom", "font": {"size": 11}, "bgcolor": "rgba(0,0,0,0)"}
-    for order, group_title, label, x, y in series:
-        r = row_of[(order, group_title)]
+    for group, label, x, y in series:
+        r = row_of[group]
         keep = decimate.minmax_indices(x, y, per_series, lo, hi)
         color = PALETTE[color_index.get(r, 0) % len(PALETTE)]
         color_index[r] = color_index.get(r, 0) + 1
+        unit = f" {group.unit}" if group.unit else ""
         data.append({"type": "scatter", "x": typed_array(us_to_ms(x[keep])), "y": typed_array(y[keep]),
                      "mode": "lines", "name": label, "xaxis": axes[r][0], "yaxis": axes[r][1],
                      "line": {"width": 1.3, "color": color}, "legend": f"legend{r + 2}",
                      "showlegend": in_row[r] <= MAX_LEGEND_ITEMS,
-                     "hovertemplate": f"{label}: %{{y:.4g}}<extra>{group_title}</extra>"})
+                     "hovertemplate": f"{label}: %{{y:,.4~r}}{unit}<extra>{group.name}</extra>"})
+    if has_bars:
+        bar_axes = axes[len(groups)]
+        traces, unit = batch_traces(batches, bar_axes)
+        data += traces
+        layout[f"yaxis{len(groups) + 1 if groups else ''}"]["title"] = {"text": unit, "standoff": 4}
     if rows.labels:
-        used = sum(len(t["x"]["bdata"]) * 3 // 4 // 8 for t in data)
-        data += framework_gantt(framework, rows, hi - lo, max(4_000, max_points - used), axes=axes[-1])
+        used = sum(len(t["x"]["bdata"]) * 3 // 4 // 8 for t in data if isinstance(t.get("x"), dict))
+        data += framework_gantt(framework, rows, hi - lo, max(4_000, max_points - used), axes=axes[-1],
+                                stall_us=stall_us)
         layout[f"yaxis{len(heights) if len(heights) > 1 else ''}"].update(
             tickvals=list(range(len(rows.labels))), ticktext=rows.labels, showgrid=False,
             range=[len(rows.labels) - 0.5, -0.5], fixedrange=True, rangemode="normal")
+    if selected:
+        if rows.labels:
+            data.append(selected_mark(selected, axes[-1], (-0.5, len(rows.labels) - 0.5)))
+        else:
+            s, e = us_to_ms([selected["start_us"], selected["end_us"]]).tolist()
+            layout["shapes"] = [{"type": "rect", "xref": "x", "yref": "paper", "x0": s, "x1": e, "y0": 0, "y1": 1,
+                                 "line": {"color": SELECTED_COLOR, "width": 2, "dash": "dot"},
+                                 "fillcolor": "rgba(0,0,0,0.05)", "name": SELECTED_NAME}]
     return {"data": data, "layout": layout}
 
 
@@ -418,53 +595,67 @@ def overview_series(system: pd.DataFrame, getnext: pd.DataFrame, start_us: int, 
                           getnext["duration_us"].to_numpy().astype("float64")[order] / 1000.0)
 
 
-def _refined(x: np.ndarray, y: np.ndarray, span: tuple[int, int], window: tuple[int, int] | None,
-             buckets: int) -> np.ndarray:
-    """Coarse buckets over the whole job, fine buckets inside the window (refine on zoom)."""
-    keep = decimate.minmax_indices(x, y, OVERVIEW_COARSE_BUCKETS, *span)
-    if window is not None and len(x):
-        lo, hi = np.searchsorted(x, window[0], "left"), np.searchsorted(x, window[1], "right")
-        inner = decimate.minmax_indices(x[lo:hi], y[lo:hi], buckets, *window) + lo
-        keep = np.union1d(keep, inner)
-    return keep
-
-
 def overview_figure_spec(series: OverviewSeries, window: tuple[int, int] | None = None,
                          uirevision: str = "overview", buckets: int = decimate.DEFAULT_BUCKETS,
-                         range_revision: str | None = None, dragmode: str = "zoom") -> dict:
-    """The whole job: mean CPU (and GPU) utilization and GetNext durations over time, with a
-    range slider. Its x range is the window; dragging on it (zoom, box select or the
-    slider) chooses a new one. uirevision keeps the user's drag mode and hidden series;
-    range_revision, changed with each window, moves the x axis to the new window.
+                         range_revision: str | None = None, stall_us: float | None = None, selected: dict | None = None) -> dict:
+    """The whole job, always: mean CPU (and GPU) utilization and GetNext durations over time,
+    the GetNext stalls (over `stall_us`) as marks that no reduction drops (peaks_over), the
+    window as a shaded band and the selected outlier as a line. Its x axis never zooms
+    (fixedrange): a drag across it (a box select) chooses the window, and the band moves.
+    uirevision keeps the user's hidden series; range_revision, changed with each window,
+    puts the axis back on the whole job should anything have moved it.
     """
     span = (series.start_us, series.end_us)
     data = []
-    for x, y, name, color, fill in ((series.cpu_x, series.cpu_y, "CPU % (mean)", "#94a3b8", "tozeroy"),
-                                    (series.gpu_x, series.gpu_y, "GPU % (mean)", "#16a34a", "none")):
+    for x, y, name, color, fill in ((series.cpu_x, series.cpu_y, "CPU % (mean)", "#999999", "tozeroy"),
+                                    (series.gpu_x, series.gpu_y, "GPU % (mean)", PHASE_COLORS[fmt.PHASE_WORKER],
+                                     "none")):
         if len(x):
-            keep = _refined(x, y, span, window, buckets)
+            keep = decimate.minmax_indices(x, y, buckets, *span)
             data.append({"type": "scatter", "x": typed_array(us_to_ms(x[keep])), "y": typed_array(y[keep]),
                          "name": name, "mode": "lines", "line": {"width": 1, "color": color}, "fill": fill,
-                         "fillcolor": "rgba(148,163,184,0.25)",
+                         "fillcolor": "rgba(153,153,153,0.2)",
                          "hovertemplate": "%{y:.1f} %<extra>" + name + "</extra>"})
+    getnext_us = series.getnext_y * 1000.0
     if len(series.getnext_x):
-        keep = _refined(series.getnext_x, series.getnext_y, span, window, buckets)
+        keep = decimate.minmax_indices(series.getnext_x, series.getnext_y, buckets, *span)
         data.append({"type": "scatter", "x": typed_array(us_to_ms(series.getnext_x[keep])),
-                     "y": typed_array(series.getnext_y[keep]), "name": "GetNext (ms)", "mode": "markers",
-                     "yaxis": "y2", "marker": {"size": 4, "color": "#2563eb", "opacity": 0.7},
-                     "hovertemplate": "GetNext %{y:.3f} ms<extra></extra>"})
+                     "y": typed_array(series.getnext_y[keep]), "name": "GetNext", "mode": "markers",
+                     "yaxis": "y2", "marker": {"size": 4, "color": PHASE_COLORS[fmt.PHASE_ITER], "opacity": 0.6},
+                     "hovertext": [f"GetNext {t}" for t in durations_us(getnext_us[keep])], "hoverinfo": "text"})
+        if stall_us is not None:
+            stalls = decimate.peaks_over(series.getnext_x, getnext_us, stall_us, buckets, *span)
+            if len(stalls):
+                data.append({"type": "scatter", "x": typed_array(us_to_ms(series.getnext_x[stalls])),
+                             "y": typed_array(series.getnext_y[stalls]), "name": stall_label(stall_us),
+                             "mode": "markers", "yaxis": "y2", "meta": "stall-marks",
+                             "marker": {"size": 9, "symbol": "triangle-down", "color": OUTLIER_COLOR,
+                                        "line": {"width": 0.5, "color": "white"}},
+                             "hovertext": [f"{STALL_NAME} {t}" for t in durations_us(getnext_us[stalls])],
+                             "hoverinfo": "text"})
     if not data:
-        return empty_figure_spec("No events or metrics in this trial")
-    lo, hi = window if window is not None else span
+        return empty_figure_spec("No events or metrics in this trial", height=NOTE_PX)
+    shapes = []
+    if window is not None and tuple(window) != span:
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": window[0] / 1000.0,
+                       "x1": window[1] / 1000.0, "y0": 0, "y1": 1, "layer": "below", "name": "window",
+                       "fillcolor": "rgba(0,114,178,0.12)", "line": {"color": PHASE_COLORS[fmt.PHASE_ITER], "width": 1}})
+    if selected:  # its span, outlined: at least a line at this zoom, over its stall mark
+        data.append(selected_mark(selected, ("x", "y"), (0, 105)))
+    largest = float(series.getnext_y.max()) if len(series.getnext_y) else 1.0
     layout = {
-        "template": TEMPLATE, "height": 300, "margin": {"l": 60, "r": 60, "t": 30, "b": 20},
-        "xaxis": {"type": "date", "range": [lo / 1000.0, hi / 1000.0], "uirevision": range_revision,
-                  "rangeslider": {"visible": True, "thickness": 0.18,
-                                  "range": [series.start_us / 1000.0, series.end_us / 1000.0]}},
-        "yaxis": {"title": {"text": "utilization %"}, "fixedrange": True, "range": [0, 105]},
-        "yaxis2": {"title": {"text": "GetNext ms"}, "type": "log", "overlaying": "y", "side": "right", "dtick": 1,
-                   "fixedrange": True, "showgrid": False},
-        "dragmode": dragmode, "selectdirection": "h", "uirevision": uirevision}
+        "template": TEMPLATE, "height": 260, "margin": {"l": 60, "r": 60, "t": 30, "b": 56},
+        "xaxis": {"type": "date", "range": [span[0] / 1000.0, span[1] / 1000.0], "fixedrange": True,
+                  "title": TIME_AXIS_TITLE,
+                  "uirevision": range_revision},
+        "yaxis": {"title": {"text": "utilization (%)"}, "fixedrange": True, "range": [0, 105]},
+        "yaxis2": {"title": {"text": "GetNext (ms, log scale)"}, "type": "log", "overlaying": "y", "side": "right",
+                   "dtick": 1, "fixedrange": True, "showgrid": False,
+                   "range": [np.log10(max(float(series.getnext_y.min()) if len(series.getnext_y) else 0.01, 1e-3)) - 0.2,
+                             np.log10(max(largest, 1e-3)) + 0.3]},
+        "shapes": shapes, "dragmode": "select", "selectdirection": "h", "uirevision": uirevision,
+        # A finished box select is drawn as the band: plotly's own outline of it goes.
+        "selections": []}
     return {"data": data, "layout": layout}
 
 
@@ -480,21 +671,31 @@ def _worker_label(value) -> str:
     return "main process" if int(value) < 0 else f"worker {int(value)}"
 
 
+def _duration_axis(values_us) -> tuple:
+    """(unit, values in it) of a duration axis: the unit its largest value is written in."""
+    values = np.asarray(values_us, dtype="float64")
+    unit = axis_unit(float(np.nanmax(values)) if len(values) and not np.isnan(values).all() else 0.0)
+    return unit, values / unit.us
+
+
 def initialization_figure(init: InitializationResult) -> go.Figure:
-    """Iterator initializations over time (duration in ms), one colour per iterator class."""
+    """Iterator initializations over time, one colour per iterator class."""
     events = init.events
     if events.empty:
-        return empty_figure("No DataLoader iterator initializations recorded")
+        return empty_figure("No DataLoader iterator initializations recorded", NOTE_PX)
+    unit, _ = _duration_axis(events["duration_us"])
     fig = go.Figure()
     for i, (cls, part) in enumerate(events.groupby("type", sort=True)):
-        x, y = part["start_us"].to_numpy(), part["duration_us"].to_numpy() / 1000.0
-        keep = decimate.minmax_indices(x, y)
-        fig.add_trace(go.Scatter(x=us_to_ms(x[keep]), y=y[keep], mode="markers", name=plain(cls),
-                                 marker={"size": 8, "color": PALETTE[i % len(PALETTE)]},
-                                 hovertemplate="%{y:.3f} ms<extra>" + plain(cls) + "</extra>"))
-    _add_outlier_markers(fig, init.outliers, "duration_us", 1000.0)
-    fig.update_xaxes(type="date")
-    fig.update_yaxes(title={"text": "initialization ms"}, type="log", dtick=1)
+        x, y_us = part["start_us"].to_numpy(), part["duration_us"].to_numpy(dtype="float64")
+        keep = decimate.minmax_indices(x, y_us)
+        # The legend has a short name (a half-width panel); the hover the whole class.
+        fig.add_trace(go.Scatter(x=us_to_ms(x[keep]), y=y_us[keep] / unit.us, mode="markers",
+                                 name=plain(short_name(cls)), marker={"size": 8, "color": PALETTE[i % len(PALETTE)]},
+                                 hovertext=[f"{plain(cls)}<br>{t}" for t in durations_us(y_us[keep])],
+                                 hoverinfo="text"))
+    _add_outlier_markers(fig, init.outliers, "duration_us", unit.us)
+    fig.update_xaxes(type="date", title=TIME_AXIS_TITLE)
+    fig.update_yaxes(title={"text": f"initialization ({unit.name}, log scale)"}, type="log", dtick=1)
     return _layout(fig, 280)
 
 
@@ -514,7 +715,7 @@ def workers_figure(workers: DurationStats) -> go.Figure:
     """Worker process lifetimes as a Gantt, one row per node and process."""
     events = workers.events
     if events.empty:
-        return empty_figure("No DataLoader worker processes recorded (single-process loaders)")
+        return empty_figure("No DataLoader worker processes recorded (single-process loaders)", NOTE_PX)
     frame = events.assign(phase=fmt.PHASE_WORKER)
     rows = gantt_rows(frame, max_rows=60)
     span = int(events["end_us"].max() - events["start_us"].min())
@@ -527,7 +728,7 @@ def workers_figure(workers: DurationStats) -> go.Figure:
                                   outlier, ["worker", "outlier"], [PHASE_COLORS[fmt.PHASE_WORKER], OUTLIER_COLOR],
                                   _event_hover(events), gap_us=max(span, 1) / decimate.DEFAULT_BUCKETS,
                                   line_px=10))
-    fig.update_xaxes(type="date")
+    fig.update_xaxes(type="date", title=TIME_AXIS_TITLE)
     fig.update_yaxes(tickvals=list(range(len(rows.labels))),
                      ticktext=[label.replace(f"{fmt.PHASE_WORKER} · ", "") for label in rows.labels],
                      range=[len(rows.labels) - 0.5, -0.5], showgrid=False, automargin=True)
@@ -538,23 +739,24 @@ def getnext_histogram(getnext: DurationStats, outlier_factor: float) -> go.Figur
     """How long GetNext takes: counts in log-spaced duration bins."""
     durations = getnext.events["duration_us"].to_numpy()
     if len(durations) == 0:
-        return empty_figure("No GetNext calls recorded")
+        return empty_figure("No GetNext calls recorded", NOTE_PX)
     edges, counts = decimate.log_histogram(durations)
-    fig = go.Figure(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, width=np.diff(edges), name="calls",
-                           marker={"color": "#2563eb", "line": {"width": 0}},
-                           customdata=np.stack([edges[:-1], edges[1:]], axis=1),
-                           hovertemplate="%{customdata[0]:,.0f}–%{customdata[1]:,.0f} us: %{y} calls"
-                                         "<extra></extra>"))
+    unit, scaled = _duration_axis(edges)
+    texts = [f"{lo}–{hi}: {n:,} calls" for lo, hi, n in zip(durations_us(edges[:-1]), durations_us(edges[1:]),
+                                                             counts.tolist())]
+    fig = go.Figure(go.Bar(x=(scaled[:-1] + scaled[1:]) / 2, y=counts, width=np.diff(scaled), name="calls",
+                           marker={"color": PHASE_COLORS[fmt.PHASE_ITER], "line": {"width": 0}},
+                           hovertext=texts, hoverinfo="text"))
     if getnext.median_us:
         top = float(counts.max()) * 1.05
         for value, label, dash in ((getnext.median_us, "median", "solid"),
                                    (getnext.median_us * outlier_factor, f"outlier threshold ({outlier_factor:g}× median)",
                                     "dot")):
-            fig.add_trace(go.Scatter(x=[value, value], y=[0, top], mode="lines", name=label,
+            fig.add_trace(go.Scatter(x=[value / unit.us] * 2, y=[0, top], mode="lines", name=label,
                                      line={"color": OUTLIER_COLOR if dash == "dot" else "#111827", "dash": dash,
                                            "width": 1.5},
-                                     hovertemplate=f"{label}: {value:,.0f} us<extra></extra>"))
-    fig.update_xaxes(type="log", dtick=1, title={"text": "GetNext duration (us, log scale)"})
+                                     hovertemplate=f"{label}: {duration_us(value)}<extra></extra>"))
+    fig.update_xaxes(type="log", dtick=1, title={"text": f"GetNext duration ({unit.name}, log scale)"})
     fig.update_yaxes(title={"text": "calls"})
     return _layout(fig, 280, bargap=0)
 
@@ -563,10 +765,11 @@ def getnext_timeline(getnext: DurationStats, outlier_factor: float) -> go.Figure
     """GetNext durations over time, one colour per worker id."""
     events = getnext.events
     if events.empty:
-        return empty_figure("No GetNext calls recorded")
+        return empty_figure("No GetNext calls recorded", NOTE_PX)
     fig = go.Figure()
     workers = events["worker_id"].astype("float64").fillna(-2).to_numpy()
-    x_all, y_all = events["start_us"].to_numpy(), events["duration_us"].to_numpy() / 1000.0
+    x_all, y_all = events["start_us"].to_numpy(), events["duration_us"].to_numpy(dtype="float64")
+    unit, _ = _duration_axis(y_all)
     values = np.unique(workers)
     buckets = max(100, min(decimate.DEFAULT_BUCKETS, MAX_POINTS // (2 * len(values))))
     for i, worker in enumerate(values):
@@ -574,14 +777,15 @@ def getnext_timeline(getnext: DurationStats, outlier_factor: float) -> go.Figure
         x, y = x_all[mask], y_all[mask]
         keep = decimate.minmax_indices(x, y, buckets)
         label = _worker_label(None if worker == -2 else worker)
-        fig.add_trace(go.Scattergl(x=us_to_ms(x[keep]), y=y[keep], mode="markers", name=label,
+        fig.add_trace(go.Scattergl(x=us_to_ms(x[keep]), y=y[keep] / unit.us, mode="markers", name=label,
                                    marker={"size": 4, "color": PALETTE[i % len(PALETTE)]},
-                                   hovertemplate="%{y:.3f} ms<extra>" + label + "</extra>"))
+                                   hovertext=durations_us(y[keep]), hoverinfo="text+name"))
     if getnext.median_us:
-        _add_level(fig, x_all, getnext.median_us * outlier_factor / 1000.0,
-                   f"outlier threshold ({outlier_factor:g}× median)", OUTLIER_COLOR, "dot")
-    fig.update_xaxes(type="date")
-    fig.update_yaxes(type="log", dtick=1, title={"text": "GetNext ms"})
+        threshold = getnext.median_us * outlier_factor
+        _add_level(fig, x_all, threshold / unit.us,
+                   f"outlier threshold ({outlier_factor:g}× median, {duration_us(threshold)})", OUTLIER_COLOR, "dot")
+    fig.update_xaxes(type="date", title=TIME_AXIS_TITLE)
+    fig.update_yaxes(type="log", dtick=1, title={"text": f"GetNext ({unit.name}, log scale)"})
     return _layout(fig, 280)
 
 
@@ -594,26 +798,28 @@ def _add_level(fig: go.Figure, x_us: np.ndarray, level: float, label: str, color
 
 
 def batchtime_figure(batch: BatchTimeResult) -> go.Figure:
-    """BatchTime over time with its median; outliers ringed in red."""
+    """BatchTime over time with its median; outliers ringed."""
     batches = batch.batches
     if batches.empty:
-        return empty_figure("No batch times (fewer than two GetNext calls per iterator)")
-    x, y = batches["start_us"].to_numpy(), batches["batch_time_s"].to_numpy().astype("float64")
-    keep = decimate.minmax_indices(x, y)
-    fig = go.Figure(go.Scattergl(x=us_to_ms(x[keep]), y=y[keep], mode="lines+markers", name="batch time",
-                                 line={"width": 1, "color": "#2563eb"}, marker={"size": 3},
-                                 hovertemplate="%{y:.4f} s<extra></extra>"))
+        return empty_figure("No batch times (fewer than two GetNext calls per iterator)", NOTE_PX)
+    x, y_us = batches["start_us"].to_numpy(), batches["batch_time_s"].to_numpy().astype("float64") * 1e6
+    unit, _ = _duration_axis(y_us)
+    keep = decimate.minmax_indices(x, y_us)
+    fig = go.Figure(go.Scattergl(x=us_to_ms(x[keep]), y=y_us[keep] / unit.us, mode="lines+markers",
+                                 name="batch time", line={"width": 1, "color": PHASE_COLORS[fmt.PHASE_ITER]},
+                                 marker={"size": 3}, hovertext=durations_us(y_us[keep]), hoverinfo="text"))
     if not batch.outliers.empty:
         part = batch.outliers.head(5_000)
-        fig.add_trace(go.Scattergl(x=us_to_ms(part["start_us"].to_numpy()), y=part["batch_time_s"].to_numpy(),
+        out_us = part["batch_time_s"].to_numpy(dtype="float64") * 1e6
+        fig.add_trace(go.Scattergl(x=us_to_ms(part["start_us"].to_numpy()), y=out_us / unit.us,
                                    mode="markers", name="outlier",
                                    marker={"size": 9, "color": OUTLIER_COLOR, "symbol": "circle-open",
                                            "line": {"width": 2}},
-                                   hovertemplate="outlier %{y:.4f} s<extra></extra>"))
+                                   hovertext=[f"outlier {t}" for t in durations_us(out_us)], hoverinfo="text"))
     if batch.median_s is not None:
-        _add_level(fig, x, batch.median_s, f"median {batch.median_s:.4f} s", "#111827", "solid")
-    fig.update_xaxes(type="date")
-    fig.update_yaxes(title={"text": "BatchTime (s)"}, rangemode="tozero")
+        _add_level(fig, x, batch.median_s * 1e6 / unit.us, f"median {duration_s(batch.median_s)}", "#111827", "solid")
+    fig.update_xaxes(type="date", title=TIME_AXIS_TITLE)
+    fig.update_yaxes(title={"text": f"batch time ({unit.name})"}, rangemode="tozero")
     return _layout(fig, 280)
 
 
@@ -634,10 +840,6 @@ BUDGET_COMPACT_ROW_PX = 34  # with many loaders
 BAR_TEXT_MIN_SHARE = 0.07  # a segment this share of its bar, or more, carries its seconds
 WHAT_IF_LEFT_PX = 70
 CLICK_HINT = "<br><i>click: show its longest wait on the timeline</i>"
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.2f} s" if abs(value) >= 0.995 or value == 0 else f"{value * 1e3:.0f} ms"
 
 
 def _bar_text_color(hex_color: str) -> str:
@@ -682,8 +884,8 @@ def budget_figure_spec(rows: list[dict], part_names: dict) -> dict:
             x.append(seconds)
             custom.append([seconds, 100.0 * share, window["start_us"] if window else None,
                            window["end_us"] if window else None, CLICK_HINT if window else "",
-                           plain(row["label"])])
-            text.append(_seconds(seconds) if part and share >= BAR_TEXT_MIN_SHARE else "")
+                           plain(row["label"]), duration_s(seconds)])
+            text.append(duration_s(seconds) if part and share >= BAR_TEXT_MIN_SHARE else "")
         label = f"{name} (residual)" if part == "residual" else name
         data.append({
             "type": "bar", "orientation": "h", "x": x, "y": y, "name": label, "width": 0.5,
@@ -693,7 +895,7 @@ def budget_figure_spec(rows: list[dict], part_names: dict) -> dict:
                        **({"pattern": {"shape": PART_PATTERNS[part], "fgcolor": "#FFFFFF", "size": 6}}
                           if part in PART_PATTERNS else {})},
             "meta": part or "not_waiting",
-            "hovertemplate": "%{customdata[5]}<br><b>" + label + "</b>: %{customdata[0]:.3f} s, "
+            "hovertemplate": "%{customdata[5]}<br><b>" + label + "</b>: %{customdata[6]}, "
                              "%{customdata[1]:.1f} % of training time%{customdata[4]}<extra></extra>",
         })
     annotations = []
@@ -705,8 +907,8 @@ def budget_figure_spec(rows: list[dict], part_names: dict) -> dict:
             {"text": f"<b>{plain(row['loader'])}</b> on {plain(row['node'])}", "x": 0, "xref": "paper",
              "xanchor": "left", "y": i - 0.27, "yanchor": "bottom", "showarrow": False,
              "font": {"size": 12, "color": "#1f2937"}},
-            {"text": f"waits {_seconds(wait)} of {_seconds(training)} (<b>{share:.1f} %</b>)"
-                     f" · unexplained {_seconds(residual)}",
+            {"text": f"waits {duration_s(wait)} of {duration_s(training)} (<b>{share:.1f} %</b>)"
+                     f" · unexplained {duration_s(residual)}",
              "x": 1, "xref": "paper", "xanchor": "right", "y": i - 0.27, "yanchor": "bottom", "showarrow": False,
              "font": {"size": 11, "color": "#4b5563"}}]
     # The key is the page's (budget_key): it wraps where the block is narrow, a plotly legend does not.
@@ -756,10 +958,11 @@ def what_if_figure_spec(rows: list[dict]) -> dict:
             wait.append(seconds)
             rest.append(max(training - seconds, 0.0))
             colors.append(color)
-            custom.append([seconds, percent, training, name, plain(row["label"])])
-            texts.append(f"{percent:.1f} % · {_seconds(training)}")
-    hover = ("%{customdata[4]}<br><b>%{customdata[3]}</b>: waits %{customdata[0]:.3f} s, "
-             "%{customdata[1]:.1f} % of %{customdata[2]:.3f} s of training<extra></extra>")
+            custom.append([seconds, percent, training, name, plain(row["label"]), duration_s(seconds),
+                           duration_s(training)])
+            texts.append(f"{percent:.1f} % · {duration_s(training)}")
+    hover = ("%{customdata[4]}<br><b>%{customdata[3]}</b>: waits %{customdata[5]}, "
+             "%{customdata[1]:.1f} % of %{customdata[6]} of training<extra></extra>")
     data = [
         {"type": "bar", "orientation": "h", "x": wait, "y": y, "name": "waiting for data", "width": 0.72,
          "marker": {"color": colors, "line": {"width": 0}}, "customdata": custom, "hovertemplate": hover,
@@ -781,3 +984,75 @@ def what_if_figure_spec(rows: list[dict]) -> dict:
                   "ticktext": [t[1] for t in ticks], "fixedrange": True, "showgrid": False},
     }
     return {"data": data, "layout": layout}
+
+
+# --- two runs compared ------------------------------------------------------------------------
+
+# The two runs of a comparison, wherever they are drawn: A (before) grey-blue, B (after) orange
+# (Okabe-Ito: told apart with any common colour-vision deficiency).
+RUN_COLORS = {"A": "#0072B2", "B": "#E69F00"}
+
+
+def overlaid_distributions_spec(series: dict, title: str) -> dict:
+    """Histograms of two runs' durations (microseconds) on shared log-spaced bins, drawn
+    over one another as outlines: series maps a run's label ("A", "B") to its values. Each
+    run's counts are its share of its own calls, so runs of different lengths compare."""
+    values = {label: np.asarray(v, dtype="float64") for label, v in series.items()}
+    values = {label: v[np.isfinite(v)] for label, v in values.items()}
+    present = [v for v in values.values() if len(v)]
+    if not present:
+        return empty_figure_spec(f"No {title} recorded", height=260)
+    edges, _ = decimate.log_histogram(np.concatenate(present))
+    unit = axis_unit(float(edges[-1]))
+    data = []
+    for label, v in values.items():
+        if not len(v):
+            continue
+        counts, _ = np.histogram(np.clip(v, edges[0], edges[-1]), bins=edges)
+        share = 100.0 * counts / len(v)
+        # A step outline ("hv"): each bin from its left edge to the next, the last to the end.
+        x, y = edges / unit.us, np.append(share, share[-1])
+        color = RUN_COLORS.get(label, PALETTE[len(data) % len(PALETTE)])
+        data.append({"type": "scatter", "mode": "lines", "x": x.tolist(), "y": y.tolist(), "name": plain(label),
+                     "line": {"color": color, "width": 2, "shape": "hv"}, "fill": "tozeroy",
+                     "fillcolor": color + "33", "meta": label,
+                     "hovertemplate": f"{plain(label)}: %{{y:.1f}} % of calls at %{{x:.4g}} {unit.name}"
+                                      "<extra></extra>"})
+    layout = {"template": TEMPLATE, "height": 260, "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
+              "xaxis": {"type": "log", "title": {"text": f"{title} ({unit.name}, log scale)"}},
+              "yaxis": {"title": {"text": "% of calls"}, "rangemode": "tozero"}}
+    return {"data": data, "layout": layout}
+
+
+RANK_ROW_PX = 16
+
+
+def rank_heatmap_spec(heat, window: tuple[int, int] | None = None) -> dict:
+    """Data waiting by rank over time (analysis.ranks.Heatmap): one row per process (y: its
+    id, labelled with its host and rank), one column per time bucket, the colour the share of
+    the bucket spent in GetNext. A click gives the row's process id and the column's middle."""
+    if not heat.processes:
+        return empty_figure_spec("no GetNext events", height=160)
+    edges = heat.edges_us
+    middles = us_to_ms((edges[:-1] + edges[1:]) / 2).tolist()
+    ids = [p.id for p in heat.processes]
+    labels = [plain(text) for text in heat.labels]
+    totals = [f"{100 * t:.0f} %" for t in heat.total]
+    data = [{"type": "heatmap", "x": middles, "y": ids,
+             "z": (100 * heat.share).round(1).tolist(), "zmin": 0, "zmax": 100, "colorscale": "Cividis",
+             "colorbar": {"title": {"text": "waiting, %"}, "thickness": 12},
+             "text": [[f"{labels[i]} (whole job {totals[i]})"] * len(middles) for i in range(len(labels))],
+             "hovertemplate": "%{text}<br>%{x}<br>waiting %{z:.1f} % of the column<extra></extra>",
+             "xgap": 0, "ygap": 1}]
+    shapes = []
+    if window is not None:
+        s, e = us_to_ms(list(window)).tolist()
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": s, "x1": e, "y0": 0, "y1": 1,
+                       "line": {"color": "#D55E00", "width": 2}, "fillcolor": "rgba(0,0,0,0)"})
+    height = int(min(900, max(180, 70 + RANK_ROW_PX * len(labels))))
+    return {"data": data, "layout": {
+        "template": TEMPLATE, "height": height, "shapes": shapes,
+        "margin": {"l": 10, "r": 10, "t": 10, "b": 40},
+        "xaxis": {"type": "date", "title": {"text": "time (UTC)"}},
+        "yaxis": {"type": "category", "tickmode": "array", "tickvals": ids, "ticktext": labels,
+                  "autorange": "reversed", "title": {"text": ""}}}}

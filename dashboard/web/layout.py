@@ -5,8 +5,8 @@ import dash_ag_grid as dag
 from dash import dcc, html
 
 from . import figures
+from ..display import TIME_ZONE, duration_s
 from ..report import CLASS_WORDS, PART_WORDS
-from .views import duration_text
 
 
 class Ids:
@@ -16,7 +16,6 @@ class Ids:
     LOAD_REQUEST = "load-request"
     TRIAL_STORE = "trial-store"
     WINDOW_STORE = "window-store"
-    OVERVIEW_DRAGMODE = "overview-dragmode"
 
     TRIAL_PATH = "trial-path"  # stable
     LOAD = "load-trial"  # stable
@@ -26,6 +25,7 @@ class Ids:
     PROGRESS = "load-progress"
     STATUS = "load-status"
     ERROR = "error-message"  # stable
+    SHOWN_TRIAL = "shown-trial"  # the trial the panels show; className "shown-trial stale" after a failed load
 
     SUMMARY = "summary"  # stable: the verdict, the wait budget, the findings, the what-if, what was read
     SUMMARY_VERDICT = "summary-verdict"
@@ -66,6 +66,7 @@ class Ids:
     INIT_OUTLIER_COUNT = "init-outlier-count"
     INIT_OUTLIERS = "init-outliers"
     INIT_NOTE = "init-not-recorded"
+    INIT_BODY = "init-body"  # its className ends in " collapsed" when nothing of it was recorded
 
     WORKERS_COUNT = "workers-count"  # stable
     WORKERS_MEDIAN = "workers-median-us"
@@ -74,6 +75,7 @@ class Ids:
     WORKERS_OUTLIER_COUNT = "workers-outlier-count"
     WORKERS_OUTLIERS = "workers-outliers"
     WORKERS_NOTE = "workers-not-recorded"
+    WORKERS_BODY = "workers-body"
 
     GETNEXT_COUNT = "getnext-count"  # stable
     GETNEXT_MEDIAN = "getnext-median-us"  # stable
@@ -89,6 +91,13 @@ class Ids:
     BATCH_OUTLIER_COUNT = "batchtime-outlier-count"
     BATCH_OUTLIERS = "batchtime-outliers"
 
+    # Data waiting by rank over time (a job of several processes): a click on a cell sets the
+    # window to its time bucket and scopes the page to its process.
+    RANKS = "ranks"  # className "panel ranks hidden" for a job of one process
+    RANK_HEATMAP = "rank-heatmap"  # stable: cells' customdata is [process id, start_us, end_us]
+    RANK_ORDER = "rank-order"  # stable: "host" or "wait"
+    RANK_NOTE = "rank-note"
+
     TIMELINE = "timeline"
     OVERVIEW = "overview-graph"  # stable
     WINDOW_GRAPH = "window-graph"  # stable
@@ -98,28 +107,75 @@ class Ids:
     SELECT_DIMENSIONS = "select-dimensions"
     WHOLE_JOB = "window-whole-job"
 
+    # Follow a running job: re-read the trial every few seconds (only new or changed files).
+    FOLLOW = "follow"  # stable: a checklist, value ["on"] while following
+    FOLLOW_INTERVAL = "follow-interval"
+    FOLLOW_STATE = "follow-state"  # when the trial last changed, while following
+    FOLLOW_NOTE = "follow-note"  # stable: following, paused (tab hidden), or stopped and why
+    FOLLOW_WINDOW = "follow-window"  # stable: "" (the window stays), or minutes: the newest ones
+    VISIBILITY = "page-visibility"  # document.visibilityState, set by the page itself
+
+    # Downloads (one dcc.Download for all): an outlier table's CSV (its button: csv_button()),
+    # the analysis as the `analyze --json` object, the window as a Chrome/Perfetto trace.
+    DOWNLOAD = "download"
+    EXPORT_JSON = "export-analysis-json"  # stable
+    EXPORT_TRACE = "export-window-trace"  # stable
+
+    # Compare with a second trial (?trial=A&compare=B): A is the trial shown, B the run after a change.
+    COMPARE_PATH = "compare-path"  # stable
+    COMPARE = "compare-trial"  # stable: the button
+    COMPARE_REQUEST = "compare-request"
+    COMPARE_STORE = "compare-store"
+    COMPARE_SECTION = "compare"  # stable: hidden until a comparison is shown
+    COMPARE_BODY = "compare-body"
+    COMPARE_ERROR = "compare-error"  # stable
+    COMPARE_DELTAS = "compare-deltas"  # stable: tr[data-key] (training_s, wait_s, input_percent, verdict)
+    COMPARE_SETTINGS = "compare-settings"  # stable: li[data-key] per setting changed
+    COMPARE_FINDINGS = "compare-findings"  # stable: li.compare-finding[data-id][data-status]
+    COMPARE_PREDICTION = "compare-prediction"  # stable: tr[data-key] (training_s, wait_fraction)
+    COMPARE_BUDGET = "compare-budget"  # both runs' wait budgets, A's bars above B's
+    COMPARE_GETNEXT = "compare-getnext"
+    COMPARE_BATCH = "compare-batchtime"
+
 
 # The outlier tables, in the order callbacks list them.
 OUTLIER_TABLES = [Ids.INIT_OUTLIERS, Ids.WORKERS_OUTLIERS, Ids.GETNEXT_OUTLIERS, Ids.BATCH_OUTLIERS]
+# Following: how often the trial is listed again, and after how long without a changed file
+# following stops (a job that ended, or one that writes nothing: no reason to keep listing S3).
+FOLLOW_EVERY_MS = 3_000
+FOLLOW_IDLE_S = 120
+FOLLOW_WINDOW_MINUTES = (1, 5, 15, 60)
 
-# Widths that show a whole ISO time, an iterator class, a node id; a narrow panel scrolls sideways.
-_TIME_COLUMNS = [{"headerName": "start (UTC)", "field": "start", "minWidth": 215},
-                 {"headerName": "end (UTC)", "field": "end", "minWidth": 215}]
-_DURATION = {"headerName": "duration (us)", "field": "duration_us"}
-_NODE = {"headerName": "node", "field": "node", "minWidth": 130}
-_WHO = [{"headerName": "worker id", "field": "worker_id"}, {"headerName": "pid", "field": "pid"}, _NODE]
+
+def csv_button(table_id: str) -> str:
+    """The id of an outlier table's CSV button (stable)."""
+    return f"{table_id}-csv"
+
+# Column widths from what they hold, so that every table fits a half-width panel at 1440 px
+# (about 650 px) without sideways scrolling: `minWidth` holds the content (an ISO time at the
+# tables' 12 px, a duration, a pid), `flex` shares out the rest. The end of an event is in
+# its start's tooltip (and its duration beside it); long names are cut, whole in a tooltip.
+_START = {"headerName": f"start ({TIME_ZONE})", "field": "start", "tooltipField": "span", "minWidth": 190,
+          "flex": 3}
+_DURATION = {"headerName": "duration", "field": "duration", "minWidth": 78, "flex": 1.3,
+             "cellClass": "number"}
+_NODE = {"headerName": "node", "field": "node", "tooltipField": "node", "minWidth": 84, "flex": 1.8}
+_PID = {"headerName": "pid", "field": "pid", "minWidth": 58, "flex": 1, "cellClass": "number"}
+_WHO = [{"headerName": "worker", "field": "worker_id", "minWidth": 62, "flex": 1, "cellClass": "number"}, _PID, _NODE]
+_ITERATOR = {"headerName": "iterator", "field": "type_short", "tooltipField": "type", "minWidth": 128, "flex": 2.4}
 OUTLIER_COLUMNS = {
-    Ids.INIT_OUTLIERS: _TIME_COLUMNS + [_DURATION, {"headerName": "iterator", "field": "type", "minWidth": 250},
-                                        {"headerName": "pid", "field": "pid"}, _NODE],
-    Ids.WORKERS_OUTLIERS: _TIME_COLUMNS + [_DURATION] + _WHO,
-    Ids.GETNEXT_OUTLIERS: _TIME_COLUMNS + [_DURATION] + _WHO,
-    Ids.BATCH_OUTLIERS: _TIME_COLUMNS + [{"headerName": "batch time (s)", "field": "batch_time_s"}] + _WHO,
+    Ids.INIT_OUTLIERS: [_START, _DURATION, _ITERATOR, _PID, _NODE],
+    Ids.WORKERS_OUTLIERS: [_START, _DURATION] + _WHO,
+    Ids.GETNEXT_OUTLIERS: [_START, _DURATION] + _WHO,
+    Ids.BATCH_OUTLIERS: [_START, {**_DURATION, "headerName": "batch time"}] + _WHO,
 }
-ITERATOR_COLUMNS = [{"headerName": "iterator", "field": "type", "minWidth": 250},
-                    {"headerName": "num_workers", "field": "num_workers"},
-                    {"headerName": "pin_memory", "field": "pin_memory"},
-                    {"headerName": "times initialized", "field": "count"},
-                    {"headerName": "median (us)", "field": "median_us"}, {"headerName": "max (us)", "field": "max_us"}]
+ITERATOR_COLUMNS = [_ITERATOR,
+                    # A DataLoader argument's name is one word: never wrapped inside it.
+                    {"headerName": "num_workers", "field": "num_workers", "minWidth": 104, "cellClass": "number"},
+                    {"headerName": "pin_memory", "field": "pin_memory", "minWidth": 100},
+                    {"headerName": "times initialized", "field": "count", "minWidth": 70, "cellClass": "number"},
+                    {"headerName": "median", "field": "median", "minWidth": 78, "cellClass": "number"},
+                    {"headerName": "max", "field": "max", "minWidth": 78, "cellClass": "number"}]
 
 
 def _table(id_: str, columns: list[dict], **grid_options) -> dag.AgGrid:
@@ -127,9 +183,11 @@ def _table(id_: str, columns: list[dict], **grid_options) -> dag.AgGrid:
         id=id_, columnDefs=columns, rowData=[], className="table",
         # Values are shown as the views wrote them ("not recorded" among numbers): no type guessing.
         defaultColDef={"sortable": False, "resizable": True, "cellDataType": False, "suppressMovable": True,
-                       "flex": 1, "minWidth": 95, "wrapHeaderText": True, "autoHeaderHeight": True},
+                       "flex": 1, "minWidth": 60, "wrapHeaderText": True, "autoHeaderHeight": True},
         style={"width": "100%"},
-        dashGridOptions={"domLayout": "autoHeight", "suppressCellFocus": True, **grid_options})
+        # The browser's own tooltips (a cell's title): the whole name of a shortened one.
+        dashGridOptions={"domLayout": "autoHeight", "suppressCellFocus": True, "enableBrowserTooltips": True,
+                         **grid_options})
 
 
 def _graph(id_: str, figure=None, **config) -> dcc.Graph:
@@ -139,11 +197,11 @@ def _graph(id_: str, figure=None, **config) -> dcc.Graph:
                              "modeBarButtonsToRemove": ["lasso2d", "sendChartToCloud"], **config})
 
 
-def _stat(label: str, id_: str, unit: str = "") -> html.Div:
+def _stat(label: str, id_: str) -> html.Div:
+    """A number of a panel; a duration carries its unit (display.duration_us)."""
     return html.Div(className="stat", children=[
         html.Div(label, className="stat-label"),
-        html.Div([html.Span("-", id=id_, className="stat-value"),
-                  html.Span(f" {unit}" if unit else "", className="stat-unit")])])
+        html.Div(html.Span("-", id=id_, className="stat-value"))])
 
 
 def outlier_table(id_: str) -> dag.AgGrid:
@@ -155,7 +213,9 @@ def outlier_table(id_: str) -> dag.AgGrid:
 
 def _outliers_block(table_id: str, count_id: str, title: str) -> html.Div:
     return html.Div(className="outliers", children=[
-        html.H3([title, " ", html.Span("0", id=count_id, className="badge")]),
+        html.H3([title, " ", html.Span("0", id=count_id, className="badge"),
+                 html.Button("CSV", id=csv_button(table_id), n_clicks=0, className="button small export",
+                             title="Download this table's rows as CSV")]),
         html.P("Click a row to inspect it on the timeline.", className="hint"),
         outlier_table(table_id)])
 
@@ -180,12 +240,14 @@ def build_layout(default_trial: str) -> html.Div:
                     title="Read the trial again if it changed (a job still writing)"),
         dcc.Dropdown(id=Ids.NODE, options=[{"label": "all nodes", "value": ""}], value="",
                      clearable=False, searchable=False, className="node-select"),
+        follow_switch(),
     ])
     header = html.Header(className="header", children=[
         html.Div(className="title", children=[html.H1("DataLoader Profiler"),
                                               html.Span("PyTorch DataLoader analysis of a profiler trial",
                                                         className="subtitle")]),
         trial_form,
+        compare_form(),
         html.Div(id=Ids.PROGRESS_WRAP, className="progress hidden", children=[
             html.Progress(id=Ids.PROGRESS, value="0", max="1"), html.Span(id=Ids.STATUS, className="hint")]),
         html.Div(id=Ids.ERROR, role="alert", className="error"),
@@ -193,38 +255,44 @@ def build_layout(default_trial: str) -> html.Div:
 
     init_panel = _panel("Initialization", "Each DataLoader iterator created: its class and configuration.", [
         _stats(_stat("iterators initialized", Ids.INIT_COUNT),
-               _stat("median", Ids.INIT_MEDIAN, "us"),
-               _stat("max", Ids.INIT_MAX, "us")),
-        _table(Ids.INIT_ITERATORS, ITERATOR_COLUMNS),
-        _graph(Ids.INIT_GRAPH),
-        _outliers_block(Ids.INIT_OUTLIERS, Ids.INIT_OUTLIER_COUNT, "Initialization outliers")],
+               _stat("median", Ids.INIT_MEDIAN),
+               _stat("max", Ids.INIT_MAX)),
+        # What was not recorded (Kineto) collapses to the panel's one-line note.
+        html.Div(id=Ids.INIT_BODY, className="panel-body", children=[
+            _table(Ids.INIT_ITERATORS, ITERATOR_COLUMNS),
+            _graph(Ids.INIT_GRAPH),
+            _outliers_block(Ids.INIT_OUTLIERS, Ids.INIT_OUTLIER_COUNT, "Initialization outliers")])],
         note_id=Ids.INIT_NOTE)
     workers_panel = _panel("Workers", "DataLoader worker processes and how long each lived.", [
         _stats(_stat("worker processes", Ids.WORKERS_COUNT),
-               _stat("median lifetime", Ids.WORKERS_MEDIAN, "us"),
-               _stat("max lifetime", Ids.WORKERS_MAX, "us")),
-        _graph(Ids.WORKERS_GRAPH),
-        _outliers_block(Ids.WORKERS_OUTLIERS, Ids.WORKERS_OUTLIER_COUNT, "Worker outliers")],
+               _stat("median lifetime", Ids.WORKERS_MEDIAN),
+               _stat("max lifetime", Ids.WORKERS_MAX)),
+        html.Div(id=Ids.WORKERS_BODY, className="panel-body", children=[
+            _graph(Ids.WORKERS_GRAPH),
+            _outliers_block(Ids.WORKERS_OUTLIERS, Ids.WORKERS_OUTLIER_COUNT, "Worker outliers")])],
         note_id=Ids.WORKERS_NOTE)
     getnext_panel = _panel("GetNext", "Time the training loop waited for each batch.", [
         _stats(_stat("GetNext calls", Ids.GETNEXT_COUNT),
-               _stat("median", Ids.GETNEXT_MEDIAN, "us"),
-               _stat("max", Ids.GETNEXT_MAX, "us")),
+               _stat("median", Ids.GETNEXT_MEDIAN),
+               _stat("max", Ids.GETNEXT_MAX)),
         _graph(Ids.GETNEXT_HISTOGRAM),
         _graph(Ids.GETNEXT_TIMELINE),
         _outliers_block(Ids.GETNEXT_OUTLIERS, Ids.GETNEXT_OUTLIER_COUNT, "GetNext outliers")])
     batch_panel = _panel("Batch time", "From one GetNext to the next of the same iterator: "
                                        "fetch plus the training step.", [
         _stats(_stat("batches", Ids.BATCH_COUNT),
-               _stat("median", Ids.BATCH_MEDIAN, "s")),
+               _stat("median", Ids.BATCH_MEDIAN)),
         _graph(Ids.BATCH_GRAPH),
         _outliers_block(Ids.BATCH_OUTLIERS, Ids.BATCH_OUTLIER_COUNT, "Batch time outliers")])
 
     timeline = html.Section(id=Ids.TIMELINE, className="panel timeline", children=[
         html.H2("Timeline"),
-        html.P("Drag across the overview (or use the range slider or box select) to choose a window; "
-               "double-click for the whole job.", className="hint"),
-        _graph(Ids.OVERVIEW),
+        html.P("The overview is the whole job; its red marks are GetNext stalls (over the outlier threshold). "
+               "Drag across it to choose a window, shown below; \"Whole job\" or a double-click to see "
+               "all of it.", className="hint timeline-hint"),
+        # A drag is a box select (the axis never zooms): no zoom or pan buttons.
+        _graph(Ids.OVERVIEW, modeBarButtonsToRemove=["lasso2d", "sendChartToCloud", "zoom2d", "pan2d", "zoomIn2d",
+                                                     "zoomOut2d", "autoScale2d", "resetScale2d"]),
         html.Div(className="window-bar", children=[
             html.Div(className="window-range-box", children=[
                 html.Span("Window ", className="stat-label"),
@@ -236,6 +304,10 @@ def build_layout(default_trial: str) -> html.Div:
                                                  debounce=True, className="regex", spellCheck=False)],
                        title="regular expression on metric dimension, name or type (select_dimensions)"),
             html.Button("Whole job", id=Ids.WHOLE_JOB, n_clicks=0, className="button"),
+            follow_window_choice(),
+            html.Button("Perfetto trace", id=Ids.EXPORT_TRACE, n_clicks=0, className="button export",
+                        title="Download this window as a Chrome/Perfetto JSON trace (ui.perfetto.dev, "
+                              "chrome://tracing)"),
         ]),
         html.Div(id=Ids.WINDOW_ERROR, role="alert", className="error"),
         _graph(Ids.WINDOW_GRAPH),
@@ -247,10 +319,18 @@ def build_layout(default_trial: str) -> html.Div:
         dcc.Store(id=Ids.LOAD_REQUEST),
         dcc.Store(id=Ids.TRIAL_STORE),
         dcc.Store(id=Ids.WINDOW_STORE),
-        dcc.Store(id=Ids.OVERVIEW_DRAGMODE),
+        *follow_stores(), *compare_stores(), dcc.Download(id=Ids.DOWNLOAD),
         header,
         html.Main(children=[
-            html.Section(className="panel summary", children=[html.H2("Summary"), summary_skeleton()]),
+            # Which trial the panels show; after a failed load, that they are still the previous one's.
+            html.Div(id=Ids.SHOWN_TRIAL, className="shown-trial"),
+            html.Section(className="panel summary", children=[
+                html.H2(["Summary", html.Button("Analysis (JSON)", id=Ids.EXPORT_JSON, n_clicks=0,
+                                                className="button small export",
+                                                title="Download the whole analysis: the `analyze --json` object")]),
+                summary_skeleton()]),
+            compare_section(),
+            ranks_section(),
             html.Div(className="grid", children=[init_panel, workers_panel, getnext_panel, batch_panel]),
             timeline,
         ]),
@@ -339,8 +419,8 @@ def facts_component(data: dict) -> list:
     skipped = data["files_skipped"]
     with_lines = data["files_with_skipped_lines"]
     items = [("Trial", data["path"]), ("Start", data["start"]), ("End", data["end"]),
-             ("Duration", duration_text(data["duration_s"])),
-             ("Nodes", ", ".join(data["nodes"]) or "-"), ("Processes", str(data["processes"])),
+             ("Duration", duration_s(data["duration_s"])),
+             ("Nodes", data["hosts"] or "-"), ("Processes", str(data["processes"])),
              ("Events read", f"{data['framework_events']:,} framework events, "
                              f"{data['system_samples']:,} system samples"),
              ("Files", f"{data['files_read']:,} read, {len(skipped):,} skipped"),
@@ -445,3 +525,66 @@ def what_if_lines(shown: dict) -> list:
             *([html.Span(f"; {row['note']}", className="hint")] if row["note"] and row["predicted"] else [])]))
     return [html.P(["With ", html.Code(shown["change"]), ":"], className="what-if-change"),
             html.Ul(lines, className="what-if-lines")]
+
+
+# --- following a running job, comparing two runs ---------------------------------------------------
+
+def follow_switch() -> html.Div:
+    """The Follow switch and what following is doing (Ids.FOLLOW_NOTE)."""
+    return html.Div(className="follow", children=[
+        dcc.Checklist(id=Ids.FOLLOW, options=[{"label": " Follow", "value": "on"}], value=[],
+                      className="follow-switch", inputClassName="follow-input",
+                      labelStyle={"display": "inline-flex", "alignItems": "center"}),
+        html.Span(id=Ids.FOLLOW_NOTE, className="hint follow-note")],
+        title=f"Re-read the trial every {FOLLOW_EVERY_MS // 1000} s while a job writes it (only new or "
+              f"changed files); pauses while this tab is hidden")
+
+
+def follow_window_choice() -> html.Label:
+    """Whether the window stays where the user put it when the trial grows, or shows the newest minutes."""
+    options = [{"label": "window stays", "value": ""}] + [
+        {"label": f"newest {m} min", "value": str(m)} for m in FOLLOW_WINDOW_MINUTES]
+    return html.Label(className="follow-window", title="When the trial grows (Follow, Refresh)", children=[
+        dcc.Dropdown(id=Ids.FOLLOW_WINDOW, options=options, value="", clearable=False, searchable=False,
+                     className="follow-window-choice")])
+
+
+def follow_stores() -> list:
+    return [dcc.Interval(id=Ids.FOLLOW_INTERVAL, interval=FOLLOW_EVERY_MS, disabled=True, n_intervals=0),
+            dcc.Store(id=Ids.FOLLOW_STATE), dcc.Store(id=Ids.VISIBILITY, data="visible")]
+
+
+def compare_form() -> html.Div:
+    return html.Div(className="trial-form compare-form", children=[
+        dcc.Input(id=Ids.COMPARE_PATH, type="text", value="", debounce=False,
+                  placeholder="compare with a second run (after a change): s3://... or /path/to/trial",
+                  className="trial-path", spellCheck=False, autoComplete="off"),
+        html.Button("Compare", id=Ids.COMPARE, n_clicks=0, className="button",
+                    title="Show the trial above (A) against this one (B); an empty path ends the comparison"),
+        html.Div(id=Ids.COMPARE_ERROR, role="alert", className="error")])
+
+
+def compare_stores() -> list:
+    return [dcc.Store(id=Ids.COMPARE_REQUEST), dcc.Store(id=Ids.COMPARE_STORE)]
+
+
+def ranks_section() -> html.Section:
+    return html.Section(id=Ids.RANKS, className="panel ranks hidden", children=[
+        html.H2("Data waiting by rank"),
+        html.P("Each row a process (its host and rank), each column a stretch of the job: the darker, the "
+               "less of it the process spent waiting in GetNext; the brighter, the more. Click a cell to "
+               "see that stretch in the timeline, scoped to that process.", className="hint"),
+        dcc.RadioItems(id=Ids.RANK_ORDER, value="host", inline=True, className="rank-order",
+                       options=[{"label": "by host", "value": "host"},
+                                {"label": "most waiting first", "value": "wait"}]),
+        html.P(id=Ids.RANK_NOTE, className="hint"),
+        _graph(Ids.RANK_HEATMAP),
+    ])
+
+
+def compare_section() -> html.Section:
+    return html.Section(id=Ids.COMPARE_SECTION, className="panel compare hidden", children=[
+        html.H2("Compared: A (above) and B"),
+        html.P("What changed between the two runs, and whether the change did what A's what-if predicted.",
+               className="hint"),
+        html.Div(id=Ids.COMPARE_BODY)])

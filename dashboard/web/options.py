@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 # Trials over these limits are refused with a message instead of filling the server's
 # memory: every server process (gunicorn worker) that shows a trial holds its frames.
@@ -12,6 +13,16 @@ MB = 1_000_000  # decimal megabytes, as the load errors print sizes
 # 100,000 tiny files held a load for minutes. A day of an 8-node job, writing a framework and a
 # system file a minute on each node, is 23,040 files.
 DEFAULT_MAX_FILES = 50_000
+
+
+def default_max_loads() -> int:
+    """Loads run at once by default: one per core this server may run on. A load parses on
+    every core already, so more loads at once finish no sooner; they only hold more trials in
+    memory (each up to a few times --max-trial-mb)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)
 
 
 def limit(text: str) -> int:
@@ -38,7 +49,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allow only these S3 buckets (repeatable; default: any)")
     parser.add_argument("--max-trial-mb", type=limit, default=DEFAULT_MAX_TRIAL_MB, metavar="MB",
                         help=f"refuse to load a trial whose files hold more than this many MB (10^6 bytes), "
-                             f"as listed or once decompressed (default {DEFAULT_MAX_TRIAL_MB}; 0: no limit; "
+                             f"as listed or once decompressed; a load peaks at about twice that plus 40 MB "
+                             f"(bench/peak_memory.py) (default {DEFAULT_MAX_TRIAL_MB}; 0: no limit; "
                              f"under gunicorn: DASHBOARD_MAX_TRIAL_MB)")
     parser.add_argument("--max-events", type=limit, default=DEFAULT_MAX_EVENTS, metavar="N",
                         help=f"refuse to load a trial with more framework events and system samples "
@@ -47,6 +59,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-files", type=limit, default=DEFAULT_MAX_FILES, metavar="N",
                         help=f"refuse to load a trial of more files than this (default {DEFAULT_MAX_FILES:,}; "
                              f"0: no limit; under gunicorn: DASHBOARD_MAX_FILES)")
+    parser.add_argument("--max-loads", type=limit, default=None, metavar="N",
+                        help="run at most N trial loads at once, counting every server process that "
+                             "shares the cache folder; later ones wait in line, holding no process, and "
+                             "the page shows their place (default: the number of cores; 0: no limit; "
+                             "under gunicorn: DASHBOARD_MAX_LOADS)")
     parser.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
                         help="answer only requests whose Host header names this host (repeatable; "
                              "'*': any; default: the loopback names when --host is a loopback address, "

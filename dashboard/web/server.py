@@ -1,11 +1,11 @@
 """Building and serving the Dash app, from command-line options or DASHBOARD_* variables.
 
     python app.py serve --trial s3://bucket/job/profiler-output --cache-dir /var/cache/dash
-    DASHBOARD_CACHE_DIR=/var/cache/dash gunicorn -w 4 app:server
+    DASHBOARD_CACHE_DIR=/var/cache/dash gunicorn --worker-class dashboard.serving.BufferingWorker -w 4 app:server
 
 Every server process (and every gunicorn worker) given the same cache folder shares the
-loaded trials and the background-callback jobs. The Dash debugger is off unless a
-developer passes --dev-debug.
+loaded trials and the background-callback jobs, and the --max-loads places they run in
+(jobs.py). The Dash debugger is off unless a developer passes --dev-debug.
 """
 from __future__ import annotations
 
@@ -19,16 +19,17 @@ from dataclasses import dataclass, field
 import dash
 import flask
 
+from ..serving import MAX_REQUEST_BYTES, listening_hosts
 from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
-from .callbacks import Context, register_callbacks
+from .callbacks import Context, queued_progress, register_callbacks
+from .jobs import QueueingManager
 from .layout import build_layout
-from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_FILES, DEFAULT_MAX_TRIAL_MB, MB, limit
+from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_FILES, DEFAULT_MAX_TRIAL_MB, MB, default_max_loads, limit
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_TRIAL = os.path.join(REPO_ROOT, "examples", "sample-trial", "trial")
 ASSETS = os.path.join(REPO_ROOT, "assets")
 TITLE = "DataLoader Profiler"
-MAX_REQUEST_BYTES = 10 * 2**20
 # A page served on loopback answers only to loopback names: a web page elsewhere that points its
 # own name at 127.0.0.1 (DNS rebinding) otherwise reads the dashboard from the visitor's browser.
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]", "::1"]
@@ -60,6 +61,8 @@ class ServerOptions:
     max_trial_mb: int = DEFAULT_MAX_TRIAL_MB  # 0: no limit
     max_events: int = DEFAULT_MAX_EVENTS  # 0: no limit
     max_files: int = DEFAULT_MAX_FILES  # 0: no limit
+    # Background loads run at once, by every server process of the cache folder; 0: no limit.
+    max_loads: int = field(default_factory=default_max_loads)
     # Host header names answered ('*': any); None: the loopback names when `host` is a loopback
     # address, else any.
     allowed_hosts: list[str] | None = None
@@ -109,7 +112,8 @@ def options_from_args(args) -> ServerOptions:
                          cache_size_mb=args.cache_size_mb, data_roots=list(args.data_root or []),
                          s3_buckets=args.s3_bucket, dev_debug=bool(args.dev_debug),
                          max_trial_mb=args.max_trial_mb, max_events=args.max_events,
-                         max_files=args.max_files, allowed_hosts=args.allowed_host)
+                         max_files=args.max_files, allowed_hosts=args.allowed_host,
+                         max_loads=default_max_loads() if args.max_loads is None else args.max_loads)
 
 
 def _split(value: str | None, sep: str) -> list[str]:
@@ -125,12 +129,19 @@ def _limit(environ, name: str, default: int) -> int:
         raise ValueError(f"{name}: {exc}") from None
 
 
+def _default_hosts(listening: list[str]) -> list[str]:
+    """The Host names answered by default under gunicorn: the loopback names where it listens on
+    loopback only (as `app.py serve` on its default --host), else any (the app cannot tell which
+    names reach it)."""
+    return LOOPBACK_HOSTS if listening and all(_is_loopback(host) for host in listening) else [ANY_HOST]
+
+
 def options_from_environment(environ=None) -> ServerOptions:
     """DASHBOARD_TRIAL, DASHBOARD_CACHE_DIR, DASHBOARD_CACHE_SIZE_MB, DASHBOARD_DATA_ROOTS
     (os.pathsep-separated), DASHBOARD_S3_BUCKETS (comma-separated), DASHBOARD_MAX_TRIAL_MB,
-    DASHBOARD_MAX_EVENTS, DASHBOARD_MAX_FILES (0: no limit), DASHBOARD_ALLOWED_HOSTS
-    (comma-separated; default any: the app does not know gunicorn's bind). The debugger is never
-    turned on from the environment."""
+    DASHBOARD_MAX_EVENTS, DASHBOARD_MAX_FILES, DASHBOARD_MAX_LOADS (0: no limit), DASHBOARD_ALLOWED_HOSTS
+    (comma-separated; default: the loopback names where the worker listens on loopback only, else
+    any). The debugger is never turned on from the environment."""
     environ = os.environ if environ is None else environ
     buckets = _split(environ.get("DASHBOARD_S3_BUCKETS"), ",")
     hosts = _split(environ.get("DASHBOARD_ALLOWED_HOSTS"), ",")
@@ -142,7 +153,8 @@ def options_from_environment(environ=None) -> ServerOptions:
                          max_trial_mb=_limit(environ, "DASHBOARD_MAX_TRIAL_MB", DEFAULT_MAX_TRIAL_MB),
                          max_events=_limit(environ, "DASHBOARD_MAX_EVENTS", DEFAULT_MAX_EVENTS),
                          max_files=_limit(environ, "DASHBOARD_MAX_FILES", DEFAULT_MAX_FILES),
-                         allowed_hosts=hosts or [ANY_HOST])
+                         max_loads=_limit(environ, "DASHBOARD_MAX_LOADS", default_max_loads()),
+                         allowed_hosts=hosts or _default_hosts(listening_hosts()))
 
 
 def _clip(text: str) -> str:
@@ -190,8 +202,9 @@ def create_app(options: ServerOptions) -> dash.Dash:
     cache_dir = os.path.abspath(os.path.expanduser(options.cache_dir or default_cache_dir()))
     trials = TrialCache(cache_dir, options.cache_size_mb, max_files=options.max_files_limit)
     jobs = ForkSafeCache(os.path.join(cache_dir, JOBS_FOLDER))
+    manager = QueueingManager(jobs, options.max_loads or None, queued_progress(options.max_loads))
     app = dash.Dash(__name__, title=TITLE, assets_folder=ASSETS, update_title=None,
-                    background_callback_manager=dash.DiskcacheManager(jobs),
+                    background_callback_manager=manager,
                     suppress_callback_exceptions=False, on_error=_log_failed_callback)
     app.server.log_exception = _log_failed_request
     _guard(app.server, options.host_allow_list())
@@ -206,6 +219,10 @@ def create_app(options: ServerOptions) -> dash.Dash:
     return app
 
 
+STARTED = ("DataLoader Profiler on {url} (a development server, for one user at a time; "
+           "for a shared server, use gunicorn as the README shows)")
+
+
 def serve(args) -> int:
     options = options_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -213,8 +230,32 @@ def serve(args) -> int:
     if options.dev_debug:
         log.warning("--dev-debug: the Dash debugger is on; anyone who can reach %s:%s can run code",
                     options.host, options.port)
-    app.run(host=options.host, port=options.port, debug=options.dev_debug)
+        app.logger.propagate = False  # Dash prints its own line; the root handler would print it again
+        app.run(host=options.host, port=options.port, debug=True)
+        return 0
+    run_server(app, options.host, options.port)
     return 0
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def run_server(app: dash.Dash, host: str, port: int) -> None:
+    """Werkzeug's threaded server on the Flask app, without the debugger or the reloader, and
+    quiet: one line with the URL (in place of Dash's "Dash is running", Flask's banner and
+    Werkzeug's development-server warning), no line per request; warnings and errors still log."""
+    from werkzeug.serving import make_server
+
+    http = make_server(host, port, app.server, threaded=True)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    print(STARTED.format(url=url_of(host, http.server_port)), flush=True)
+    try:
+        http.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        http.server_close()
 
 
 @functools.lru_cache(maxsize=1)

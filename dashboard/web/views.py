@@ -7,21 +7,31 @@ Plain functions of a loaded trial, so the benchmark can time them without a brow
 """
 from __future__ import annotations
 
+import csv
+import dataclasses
+import io
+import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
 
-from ..analysis import dataloader
+from .. import format as fmt
+from ..analysis import dataloader, per_batch, ranks
+from ..analysis.trace_export import chrome_trace
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
 from ..analysis.diagnosis import PARTS, WHAT_IF_KEYS, Assessment, LoaderBudget, Recommendation, WhatIf
 from ..analysis.diagnosis.findings.base import predicted_text
 from ..api import TrialAnalysis
-from ..report import NOT_RECORDED_WORDS, PART_WORDS, iso_utc, not_recorded_anywhere
+from ..report import NOT_RECORDED_WORDS, PART_WORDS, not_recorded_anywhere, prediction_text as _prediction_text
+from ..report import to_dict
+from ..report import saving_text  # noqa: F401  (the page's words for a saving are the report's)
+from ..display import duration_s, duration_us, iso_utc, short_name
 from ..trial.errors import TrialError, TrialTooLargeError
-from ..trial.load import Trial, host_of
+from ..trial.load import Trial
 from . import figures
 
 # Clicking an outlier shows it with this much of its own length on each side (at least
@@ -30,7 +40,7 @@ OUTLIER_MARGIN = 0.5
 MIN_MARGIN_US = 1_000
 MAX_TABLE_ROWS = 500  # longest outliers listed; the count says how many there are
 MAX_SAMPLE_GAP_US = 60_000_000  # the slowest system sampling there is
-DRAGMODES = ("zoom", "pan", "select")  # what the overview's mode bar offers
+MAX_BATCH_BARS = 300  # wait against compute: more batches in a window are drawn in buckets
 
 
 @dataclass
@@ -42,6 +52,8 @@ class TrialView:
     key: str = ""
     sample_gap_us: int = 0  # the usual time between two system samples
     precomputed_assessment: Assessment | None = None  # from the trial cache, when it has one
+    # Each loader's batches (per_batch.loader_batches), computed on its first window.
+    loader_batches: dict = field(default_factory=dict, repr=False)
 
     @property
     def span(self) -> tuple[int, int]:
@@ -137,6 +149,13 @@ def relayout_range(relayout: dict | None) -> tuple[int, int] | str | None:
     return None
 
 
+def selection_cleared(triggered: list, graph_id: str, selected_data) -> bool:
+    """Whether this call is a graph's box selection being cleared (a double-click in select
+    mode), and not a new selection (which comes with a relayout naming its range)."""
+    props = {t.get("prop_id") for t in triggered or [] if isinstance(t, dict)}
+    return f"{graph_id}.selectedData" in props and f"{graph_id}.relayoutData" not in props and not selected_data
+
+
 def outlier_window(start_us: int, end_us: int) -> tuple[int, int]:
     margin = max(int((end_us - start_us) * OUTLIER_MARGIN), MIN_MARGIN_US)
     return start_us - margin, end_us + margin
@@ -158,10 +177,44 @@ def check_patterns(select_events: str | None, select_dimensions: str | None) -> 
     dataloader.validate_patterns(_patterns(select_dimensions))
 
 
+def stall_threshold_us(view: TrialView) -> float | None:
+    """GetNexts longer than this are stalls: the outlier threshold (factor x the median)."""
+    result = view.analysis.dataloader
+    median = result.getnext.median_us
+    return None if not median else float(median) * result.outlier_factor
+
+
+def selected_loader(view: TrialView, loader: str | None) -> dict | None:
+    """The loader whose batches the window draws: the one `loader` (the what-if's selector
+    value, loader_key()) names, else the training loader that waits most; None without one."""
+    rows = budget_rows(view)
+    if not rows:
+        return None
+    chosen = [row for row in rows if row["key"] == loader]
+    return chosen[0] if chosen else max(rows, key=lambda row: row["wait_s"])
+
+
+def batch_bars(view: TrialView, loader: str | None, start_us: int, end_us: int) -> figures.BatchBars | None:
+    """The selected loader's wait against compute inside the window, as the figure draws it."""
+    row = selected_loader(view, loader)
+    if row is None:
+        return None
+    key = row["key"]
+    if key not in view.loader_batches:
+        view.loader_batches[key] = per_batch.loader_batches(view.trial.framework, iterator=row["iterator"],
+                                                            process=row["process"], node=None if row["process"]
+                                                            else row["node"])
+    shown = per_batch.buckets(view.loader_batches[key], start_us, end_us, MAX_BATCH_BARS)
+    return figures.BatchBars(row["label"], shown.start_us, shown.end_us, shown.wait_us, shown.compute_us,
+                             shown.batches, shown.first)
+
+
 def window_payload(view: TrialView, start_us: int, end_us: int, select_events: str | None = ".*",
-                   select_dimensions: str | None = ".*", dragmode: str | None = None) -> dict:
-    """Everything a new window sends: the detail timeline, the refined overview and the range
-    text. ValueError (naming the pattern) for an invalid regular expression."""
+                   select_dimensions: str | None = ".*", loader: str | None = None,
+                   selected: dict | None = None) -> dict:
+    """Everything a new window sends: the detail timeline (with the `loader`'s batches and the
+    `selected` outlier, {start_us, end_us, label}, marked), the overview with the window on it,
+    and the range text. ValueError (naming the pattern) for an invalid regular expression."""
     start_us, end_us = int(start_us), int(end_us)
     # One sampling interval more on each side: metric lines then cross the window's edges.
     pad = view.sample_gap_us
@@ -169,43 +222,42 @@ def window_payload(view: TrialView, start_us: int, end_us: int, select_events: s
                                   _patterns(select_dimensions))
     revision = view.key or "trial"
     window_revision = f"{revision}:{start_us}:{end_us}"
+    stall_us = stall_threshold_us(view)
+    # The batches go with the GetNexts they come from: an events filter that hides those hides them.
+    shows_getnext = bool(len(window.framework)) and bool((window.framework["kind"] == fmt.KIND_GETNEXT).any())
+    bars = batch_bars(view, loader, start_us, end_us) if shows_getnext else None
     return {
         "window_figure": figures.window_figure_spec(window, uirevision=revision, x_range=(start_us, end_us),
-                                                    range_revision=window_revision),
+                                                    range_revision=window_revision, stall_us=stall_us,
+                                                    selected=selected, batches=bars),
         "overview_figure": figures.overview_figure_spec(view.overview, (start_us, end_us), uirevision=revision,
-                                                        range_revision=window_revision,
-                                                        dragmode=dragmode if dragmode in DRAGMODES else "zoom"),
+                                                        range_revision=window_revision, stall_us=stall_us,
+                                                        selected=selected),
         "window_range": window_text(start_us, end_us),
     }
 
 
 # --- the panels -------------------------------------------------------------------------------
 
-def plain_number(value, decimals: int) -> str:
-    """A number as tests and people read it: no thousands separator, no trailing zeros."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    text = f"{float(value):.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
 def _int_text(value) -> str:
     return "-" if value is None or value is pd.NA else str(int(value))
 
 
-def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_nodes=()) -> list[dict]:
+def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_hosts=()) -> list[dict]:
     """Table rows for an outliers frame (longest first); raw times ride along for clicks.
 
-    unrecorded_nodes: nodes whose profiler does not record worker ids (Kineto traces): their
+    unrecorded_hosts: hosts whose profiler does not record worker ids (Kineto traces): their
     unknown worker id reads "not recorded", not a blank or a number."""
     rows = []
-    unrecorded = set(unrecorded_nodes)
+    unrecorded = set(unrecorded_hosts)
     for i, row in enumerate(frame.head(MAX_TABLE_ROWS).to_dict("records")):
+        start, end = iso_utc(int(row["start_us"])), iso_utc(int(row["end_us"]))
         out = {"id": i, "start_us": int(row["start_us"]), "end_us": int(row["end_us"]),
-               "start": iso_utc(int(row["start_us"])), "end": iso_utc(int(row["end_us"]))}
+               "start": start, "end": end, "span": f"{start} – {end}"}
         value = row[value_column]
         out[value_column] = (float(value) if value_column == "batch_time_s" else int(value))
-        for column in ("worker_id", "pid"):
+        out["duration"] = duration_s(value) if value_column == "batch_time_s" else duration_us(value)
+        for column in ("worker_id", "pid", "rank"):
             if column in row:
                 out[column] = None if pd.isna(row[column]) else int(row[column])
         if "worker_id" in row and out["worker_id"] is None and str(row.get("node")) in unrecorded:
@@ -213,6 +265,10 @@ def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_nodes=()) ->
         for column in ("node", "type"):
             if column in row:
                 out[column] = str(row[column])
+        if out.get("rank") is not None and "node" in out:
+            out["node"] = f"{out['node']} · rank {out['rank']}"  # the host and, in a distributed job, the rank
+        if "type" in out:
+            out["type_short"] = short_name(out["type"])
         rows.append(out)
     return rows
 
@@ -224,56 +280,68 @@ def selected_row(selected) -> dict | None:
     return None
 
 
+def selected_mark(row: dict) -> dict:
+    """What the timeline marks for a chosen outlier row: its span and a label."""
+    return {"start_us": int(row["start_us"]), "end_us": int(row["end_us"]),
+            "label": f"selected outlier: {row.get('duration', '')} from {row.get('start', '')}"}
+
+
 def iterator_rows(iterators: pd.DataFrame) -> list[dict]:
     rows = []
     for row in iterators.to_dict("records"):
         pin = row.get("pin_memory")
-        rows.append({"type": str(row["type"]), "num_workers": _int_text(row.get("num_workers")),
+        rows.append({"type": str(row["type"]), "type_short": short_name(row["type"]),
+                     "num_workers": _int_text(row.get("num_workers")),
                      "pin_memory": "-" if pin is None or pin is pd.NA else str(bool(pin)),
-                     "count": int(row["count"]), "median_us": plain_number(row["median_us"], 1),
-                     "max_us": plain_number(row["max_us"], 1)})
+                     "count": int(row["count"]), "median": duration_us(row["median_us"]),
+                     "max": duration_us(row["max_us"])})
     return rows
 
 
 def node_options(trial: Trial) -> list[dict]:
-    """The node selector: every host, and the framework node ids of hosts that have several."""
-    nodes = trial.nodes
-    hosts = sorted({host_of(n) for n in nodes})
+    """The node selector: every host, and under a host of several processes each of them (its
+    rank, else its pid), by process id."""
+    processes = trial.processes
     options = [{"label": "all nodes", "value": ""}]
-    for host in hosts:
+    for host in trial.nodes:
         options.append({"label": host, "value": host})
-        members = [n for n in nodes if n != host and host_of(n) == host]
+        members = [p for p in processes if p.node == host]
         if len(members) > 1:
-            options += [{"label": f"  {n}", "value": n} for n in members]
+            options += [{"label": f"{host} · {p.label}", "value": p.id} for p in members]
     return options
+
+
+def hosts_text(trial: Trial) -> str:
+    """The hosts with their processes: 'algo-1 (ranks 0-3), algo-2 (ranks 4-7)'."""
+    parts = []
+    for host in trial.nodes:
+        members = [p for p in trial.processes if p.node == host]
+        ranks = [p.rank for p in members if p.rank is not None]
+        if ranks and len(ranks) == len(members):
+            span = (f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+                    if ranks == list(range(ranks[0], ranks[-1] + 1)) else "ranks " + ", ".join(map(str, ranks)))
+        elif members:
+            span = ", ".join(p.label for p in members[:4]) + (f" and {len(members) - 4} more" if len(members) > 4 else "")
+        else:
+            span = "system metrics only"
+        parts.append(f"{host} ({span})")
+    return ", ".join(parts)
 
 
 def summary(whole: Trial) -> dict:
     """Numbers for the summary panel: the whole trial, what was read and what was skipped."""
     start, end = whole.start_us, whole.end_us
-    framework = whole.framework
-    processes = framework[["node", "pid"]].dropna().drop_duplicates() if len(framework) else framework
     report = whole.report
     skipped = [{"path": s.path, "reason": s.reason} for s in report.files_skipped]
     lines = [{"path": s.path, "reason": s.reason} for s in report.files_with_skipped_lines]
     return {
         "path": whole.path, "start": iso_utc(start), "end": iso_utc(end),
         "duration_s": None if start is None else (end - start) / 1e6,
-        "nodes": whole.nodes, "processes": int(len(processes)),
+        "nodes": whole.nodes, "processes": len(whole.processes), "hosts": hosts_text(whole),
         "framework_events": int(len(whole.framework)), "system_samples": int(len(whole.system)),
         "files_read": report.files_read, "files_skipped": skipped, "lines_skipped": report.lines_skipped,
         "files_with_skipped_lines": lines,
     }
-
-
-def duration_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.3f} s"
-    minutes, secs = divmod(seconds, 60)
-    hours, minutes = divmod(int(minutes), 60)
-    return f"{hours} h {minutes:02d} min {secs:04.1f} s" if hours else f"{minutes} min {secs:04.1f} s"
 
 
 NOT_RECORDED = "not recorded"
@@ -288,22 +356,29 @@ def not_recorded_note(trial: Trial, what: str) -> str:
     words = NOT_RECORDED_WORDS.get(what, what)
     if not_recorded_anywhere(trial):
         return f"{NOT_RECORDED} ({KINETO_SOURCE}): torch.profiler does not record {words}."
-    nodes = ", ".join(trial.kineto_nodes)
+    nodes = ", ".join(trial.kineto_processes)
     return (f"{NOT_RECORDED} on {nodes} ({KINETO_SOURCE}): torch.profiler does not record {words}; "
             f"the numbers here are those of the other nodes.")
 
 
 def _unrecorded_stats(note: str) -> dict:
-    """A panel's numbers when nothing of it was recorded: unknown, never zero."""
+    """A panel's numbers when nothing of it was recorded: unknown, never zero. Its figure and
+    tables collapse (`collapsed`): the note says it in one line."""
     return {"count": NOT_RECORDED, "median_us": "-", "max_us": "-", "outlier_count": "-", "outliers": [],
-            "figure": figures.empty_figure_spec(f"{NOT_RECORDED} ({KINETO_SOURCE})"), "note": note}
+            "figure": figures.empty_figure_spec(f"{NOT_RECORDED} ({KINETO_SOURCE})", height=figures.NOTE_PX),
+            "note": note, "collapsed": True}
 
 
 def _duration_stats(stats: dataloader.DurationStats, outliers: list[dict]) -> dict:
     """A duration panel's numbers (count, median, max, outliers) as the page shows them."""
-    return {"count": str(stats.count), "median_us": plain_number(stats.median_us, 1),
-            "max_us": plain_number(stats.max_us, 1), "outlier_count": str(len(stats.outliers)),
-            "outliers": outliers}
+    return {"count": str(stats.count), "median_us": duration_us(stats.median_us),
+            "max_us": duration_us(stats.max_us), "outlier_count": str(len(stats.outliers)),
+            "outliers": outliers, "collapsed": False}
+
+
+def panel_body_class(panel: dict) -> str:
+    """The className of a panel's figure and tables: collapsed when nothing of it was recorded."""
+    return "panel-body collapsed" if panel.get("collapsed") else "panel-body"
 
 
 def panels(view: TrialView) -> dict:
@@ -313,7 +388,8 @@ def panels(view: TrialView) -> dict:
     factor = result.dataloader.outlier_factor
     trial = view.trial
     unknown = not_recorded_anywhere(trial)
-    no_ids = trial.kineto_nodes if "worker_id" in trial.not_recorded else ()
+    no_ids = ({p.node for p in trial.processes if p.id in trial.kineto_processes}
+              if "worker_id" in trial.not_recorded else ())
     init_note, workers_note = not_recorded_note(trial, "initialization"), not_recorded_note(trial, "workers")
     if unknown and "initialization" in trial.not_recorded:
         init_panel = {**_unrecorded_stats(init_note), "iterators": iterator_rows(init.iterators)}
@@ -332,7 +408,7 @@ def panels(view: TrialView) -> dict:
         "getnext": {**_duration_stats(getnext, outlier_rows(getnext.outliers, "duration_us", no_ids)),
                     "histogram": figures.getnext_histogram(getnext, factor),
                     "timeline": figures.getnext_timeline(getnext, factor)},
-        "batchtime": {"count": str(batch.count), "median_s": plain_number(batch.median_s, 7),
+        "batchtime": {"count": str(batch.count), "median_s": duration_s(batch.median_s),
                       "outlier_count": str(len(batch.outliers)),
                       "outliers": outlier_rows(batch.outliers, "batch_time_s", no_ids),
                       "figure": figures.batchtime_figure(batch)},
@@ -344,14 +420,6 @@ def panels(view: TrialView) -> dict:
 
 # Evidence lists whose entries are moments of the job, and how one entry is named.
 _EVIDENCE_NAMES = {"batches": "batch", "first_batches": "first batch", "starts": "start", "windows": "stall"}
-
-
-def saving_text(saving_s: float | None) -> str:
-    return "" if saving_s is None else f"saves about {saving_s:.2f} s"
-
-
-def _duration_text(us: int) -> str:
-    return f"{us / 1e6:.2f} s" if us >= 1_000_000 else f"{us / 1e3:.1f} ms"
 
 
 def _evidence_span(entry: dict) -> tuple[int, int] | None:
@@ -387,7 +455,7 @@ def finding_windows(item: Recommendation) -> list[dict]:
             else:
                 label = f"{name} {number}"
             lo, hi = outlier_window(*span)
-            out.append({"label": f"{label} · {_duration_text(span[1] - span[0])}", "start_us": lo,
+            out.append({"label": f"{label} · {duration_us(span[1] - span[0])}", "start_us": lo,
                         "end_us": hi, "at": iso_utc(span[0])})
     return out
 
@@ -396,7 +464,7 @@ def not_recorded_text(trial: Trial) -> str:
     """The summary's line on what the trial's profiler did not record ("" when nothing)."""
     if not trial.not_recorded:
         return ""
-    where = "" if not_recorded_anywhere(trial) else f" on {', '.join(trial.kineto_nodes)}"
+    where = "" if not_recorded_anywhere(trial) else f" on {', '.join(trial.kineto_processes)}"
     return (f"Not recorded{where} ({KINETO_SOURCE}): "
             + ", ".join(NOT_RECORDED_WORDS.get(k, k) for k in trial.not_recorded)
             + f"; shown as \"{NOT_RECORDED}\", never as zero.")
@@ -415,12 +483,57 @@ def verdict_summary(view: TrialView) -> dict:
         "class": verdict.class_ or "none",
         "percent": _percent(verdict.input_percent),
         "basis": verdict.basis,
-        "node": view.analysis.node or "",
+        "node": selection_label(view.trial, view.analysis.node),
         "nodes": [{"node": node, "class": v.class_ or "none", "percent": _percent(v.input_percent),
                    "basis": v.basis} for node, v in nodes.items()] if len(nodes) > 1 else [],
         "findings": [_finding(item, assessment) for item in assessment.recommendations],
         "not_recorded": not_recorded_text(view.trial),
     }
+
+
+RANK_BUCKETS = 120  # columns of the rank heat map: the figure gets buckets, never events
+
+
+def rank_heatmap_view(waits: ranks.RankWaits, order: str, window: tuple[int, int] | None) -> dict:
+    """The rank heat map of the whole job (hidden for a job of one process), the window marked."""
+    if len(waits.processes) < 2:
+        return {"figure": figures.empty_figure_spec("one process: no ranks to compare", height=120),
+                "class": "panel ranks hidden", "note": ""}
+    heat = ranks.heatmap(waits, buckets=RANK_BUCKETS, order=order if order in ranks.ORDERS else "host")
+    row, bucket = heat.hottest
+    hosts = len({p.node for p in heat.processes})
+    note = (f"{len(heat.processes)} processes on {hosts} host(s), {duration_us(int(heat.edges_us[1] - heat.edges_us[0]))} "
+            f"per column. Most waiting: {heat.labels[row]}, {100 * heat.share[row, bucket]:.0f} % of the column "
+            f"from {iso_utc(int(heat.edges_us[bucket]))}.")
+    return {"figure": figures.rank_heatmap_spec(heat, window), "class": "panel ranks", "note": note}
+
+
+def rank_cell(click, waits: ranks.RankWaits | None) -> tuple[str, int, int] | None:
+    """(process id, start_us, end_us) of a clicked heat-map cell, None for anything else.
+
+    Dash passes a heat-map click's x (the column's middle, as a date) and y (the row: the process
+    id), not its customdata: the column is found again among the heat map's own edges."""
+    try:
+        point = click["points"][0]
+        process, x = str(point["y"]), datetime.fromisoformat(str(point["x"])).replace(tzinfo=timezone.utc)
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
+    if waits is None or process not in {w.process.id for w in waits.processes}:
+        return None
+    edges = ranks.bucket_edges(waits.start_us, waits.end_us, RANK_BUCKETS)
+    middle_us = round(x.timestamp() * 1e6)
+    column = int(np.searchsorted(edges, middle_us, side="right")) - 1
+    if not 0 <= column < len(edges) - 1:
+        return None
+    return process, int(edges[column]), int(edges[column + 1])
+
+
+def selection_label(trial: Trial, node: str | None) -> str:
+    """How the page names the host or process the view is scoped to ("" for the whole job)."""
+    for process in trial.processes if node and node not in trial.nodes else ():
+        if process.id == node:
+            return f"{process.node} · {process.label}"
+    return node or ""
 
 
 def change_text(change: dict | None) -> str:
@@ -433,19 +546,15 @@ def _finding_what_if(item: Recommendation, assessment: Assessment) -> WhatIf | N
     if item.predicted is None:
         return None
     for result in assessment.what_if:
-        if (result.node == item.evidence.get("node") and result.change == item.change
+        if (result.process == item.evidence.get("process") and result.change == item.change
                 and result.predicted == item.predicted):
             return result
     return None
 
 
 def prediction_text(now: dict | None, then: dict) -> str:
-    """'waiting 81.6 % → 74.0 % of training, training 18.98 s → 13.44 s' (without today's
-    numbers when they are not known)."""
-    if now is None:
-        return f"waiting {100 * then['wait_fraction']:.1f} % of training, training {then['training_s']:.2f} s"
-    return (f"waiting {100 * now['wait_fraction']:.1f} % → {100 * then['wait_fraction']:.1f} % of training, "
-            f"training {now['training_s']:.2f} s → {then['training_s']:.2f} s")
+    """The report's prediction_text, with the page's arrow."""
+    return _prediction_text(now, then, arrow="→")
 
 
 def _finding(item: Recommendation, assessment: Assessment) -> dict:
@@ -495,7 +604,9 @@ def _part_window(spans) -> dict | None:
 
 def _budget_row(item: LoaderBudget) -> dict:
     return {"key": loader_key(item.node, item.loader), "label": loader_label(item.node, item.loader),
-            "node": item.node, "loader": item.loader, "training_s": float(item.training_s),
+            "node": item.node, "loader": item.loader, "process": getattr(item, "process", None),
+            # The iterator class the loader's label starts with ('_MultiProcessingDataLoaderIter (num_workers=4)').
+            "iterator": item.loader.rsplit(" (", 1)[0], "training_s": float(item.training_s),
             "wait_s": float(item.wait_s), "parts": {p: float(item.parts.get(p, 0.0)) for p in PARTS},
             "windows": {p: w for p in PARTS if (w := _part_window(item.windows.get(p))) is not None},
             "bound": item.bound}
@@ -589,7 +700,7 @@ def what_if_view(view: TrialView, change: dict, loader: str | None = "") -> dict
                                  "wait_s": float(then["wait_fraction"]) * float(then["training_s"])}
             saving = result.saving_s
             item["text"] = prediction_text(result.now, then) + (
-                f" (saves {saving:.2f} s)" if saving >= 0 else f" (adds {-saving:.2f} s of waiting)")
+                f" (saves {duration_s(saving)})" if saving >= 0 else f" (adds {duration_s(-saving)} of waiting)")
             item["note"] = result.note
         elif result is not None:
             item["note"] = result.note
@@ -610,3 +721,47 @@ def load_error_text(exc: TrialError) -> str:
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
+
+
+# --- downloads: the outlier tables as CSV, the analysis as JSON, the window as a trace ---------
+
+# An outlier table's CSV: its rows as the table holds them (the moments in ISO and in epoch
+# microseconds, the value raw and as written), then who waited.
+OUTLIER_CSV_FIELDS = {"duration_us": ["start", "end", "start_us", "end_us", "duration_us", "duration", "worker_id",
+                                      "pid", "node", "type"],
+                      "batch_time_s": ["start", "end", "start_us", "end_us", "batch_time_s", "duration", "worker_id",
+                                       "pid", "node"]}
+
+
+def outlier_csv(rows: list[dict]) -> str:
+    """An outlier table's rows (outlier_rows()) as CSV text, with a header line."""
+    value = "batch_time_s" if rows and "batch_time_s" in rows[0] else "duration_us"
+    fields = [f for f in OUTLIER_CSV_FIELDS[value] if not rows or f in rows[0]]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    return out.getvalue()
+
+
+def download_name(trial_path: str, what: str, extension: str) -> str:
+    """A download's file name: the trial folder's name, then what it holds ('job-1-analysis.json')."""
+    base = trial_path.rstrip("/").rsplit("/", 1)[-1] or "trial"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{base}-{what}")[:120] + extension
+
+
+def analysis_json(view: TrialView) -> str:
+    """The view's trial (or node) as the `analyze --json` object, with its cached assessment."""
+
+    result = dataclasses.replace(view.analysis)
+    result.__dict__["assessment"] = view.assessment  # TrialAnalysis.assessment is a cached_property
+    return json.dumps(to_dict(result), allow_nan=False)
+
+
+def window_trace_json(view: TrialView, start_us: int, end_us: int, select_events: str | None = ".*",
+                      select_dimensions: str | None = ".*") -> str:
+    """The window as a Chrome/Perfetto JSON trace (`app.py export`), with the window's filters."""
+
+    trace = chrome_trace(view.trial.framework, view.trial.system, int(start_us), int(end_us),
+                         _patterns(select_events), _patterns(select_dimensions))
+    return json.dumps(trace, allow_nan=False)

@@ -1,10 +1,12 @@
 """Is the job input-bound, where did every second of waiting go, and what to change.
 
     assess(framework, system) -> Assessment
-        .verdict, .nodes_verdict    the share of training time spent in GetNext (verdict)
-        .budget                     per training loader per node: the wait in parts (budget)
+        .verdict                    the share of training time spent in GetNext (verdict)
+        .nodes_verdict              the same per host, .processes_verdict per process (rank)
+        .budget                     per training loader per process: the wait in parts (budget)
         .recommendations            one finding per part or stated cause (findings/), each
-                                    with its change and its predicted effect
+                                    with its change and its predicted effect; a straggler
+                                    finding when one rank or host waits far more than the rest
         .what_if                    the predictions behind them
         .predict(change)            a what-if of your own, per training loader (what_if)
 
@@ -23,9 +25,10 @@ from . import findings as finding_modules
 from . import loaders as loaders_module
 from .budget import PARTS, LoaderBudget, budget as loader_budget, unmodelled_budget
 from .findings import MAX_LISTED, MIN_SHARE_OF_JOB, LoaderContext, Recommendation, rank
+from .findings.straggler import stragglers
 from .pipeline import PipelineModel, build, infer_workers
 from .verdict import (CLASS_HIGHLY, CLASS_MODERATELY, CLASS_NOT, HIGHLY_INPUT_BOUND_PERCENT,
-                      MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, node_verdict,
+                      MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, process_verdict,
                       trial_verdict)
 from .what_if import KEYS as WHAT_IF_KEYS, WhatIf, parse as parse_what_if, predict, validate as validate_what_if
 
@@ -33,13 +36,14 @@ from .what_if import KEYS as WHAT_IF_KEYS, WhatIf, parse as parse_what_if, predi
 @dataclass
 class Assessment:
     verdict: Verdict
-    nodes_verdict: dict[str, Verdict]
+    nodes_verdict: dict[str, Verdict]  # by host
     recommendations: list[Recommendation]
     budget: list[LoaderBudget] = field(default_factory=list)
     what_if: list[WhatIf] = field(default_factory=list)
     # Per budget, in its order: the compact pipeline model a later what-if replays (None:
     # the loader cannot be replayed).
     models: list[PipelineModel | None] = field(default_factory=list, repr=False)
+    processes_verdict: dict[str, Verdict] = field(default_factory=dict)  # by process id
 
     def predict(self, change: dict) -> list[WhatIf]:
         """The what-if of `change` (e.g. {"num_workers": 8, "in_order": False}) for every
@@ -48,9 +52,9 @@ class Assessment:
         return [predict(model, item, change) for model, item in zip(self.models, self.budget)]
 
 
-def _merge_nodes(found: list[Recommendation]) -> list[Recommendation]:
-    """One finding per kind and loader: the node where it saves most, naming the other
-    nodes (ranks of one job) where the same loader has it."""
+def _merge_processes(found: list[Recommendation], labels: dict[str, str]) -> list[Recommendation]:
+    """One finding per kind and loader: the process where it saves most, naming the other
+    processes (ranks of one job) where the same loader has it."""
     by_key: dict[tuple, list[Recommendation]] = {}
     for item in found:
         by_key.setdefault((item.id, item.evidence.get("loader")), []).append(item)
@@ -58,53 +62,57 @@ def _merge_nodes(found: list[Recommendation]) -> list[Recommendation]:
     for items in by_key.values():
         items.sort(key=lambda r: -(r.saving_s or 0.0))
         head = items[0]
-        nodes = sorted({r.evidence.get("node") for r in items})
-        if len(nodes) > 1:
-            others = [n for n in nodes if n != head.evidence.get("node")]
-            head = Recommendation(head.id, head.text + f" The same holds on {len(others)} other node(s): "
+        ids = [r.evidence.get("process") for r in items]
+        if len(set(ids)) > 1:
+            others = [labels.get(i, i) for i in dict.fromkeys(ids) if i != head.evidence.get("process")]
+            head = Recommendation(head.id, head.text + f" The same holds on {len(others)} other process(es): "
                                   + ", ".join(others[:MAX_LISTED]) + ".",
-                                  {**head.evidence, "nodes": nodes}, head.saving_s, head.change, head.predicted)
+                                  {**head.evidence, "processes": sorted(set(ids))}, head.saving_s, head.change,
+                                  head.predicted)
         merged.append(head)
     merged.sort(key=rank)
     return merged
 
 
 def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float | None = None) -> Assessment:
-    """The trial's verdict, each node's, the wait budgets and the recommendations.
+    """The trial's verdict, each host's and process's, the wait budgets and the recommendations.
 
     `outlier_factor` is accepted for the callers' sake; the budget's own rules decide."""
-    nodes = loaders_module.nodes(framework, system)
+    processes = loaders_module.processes(framework, system)
     found: list[Recommendation] = []
     budgets: list[LoaderBudget] = []
     asked: list[WhatIf] = []
     models: list[PipelineModel | None] = []
-    for node in nodes:
-        node.verdict = node_verdict(node)
-        for loader in node.loaders:
+    for process in processes:
+        process.verdict = process_verdict(process)
+        for loader in process.loaders:
             if loader.num_workers is None and loader.multi_process:
                 inferred = infer_workers(loader)
                 if inferred is not None:
                     loader = dataclasses.replace(loader, num_workers=inferred, num_workers_inferred=True)
             replays = loader.num_workers is not None
-            model = build(loader, node) if replays else None
-            item = loader_budget(node, loader, model) if model is not None else unmodelled_budget(node, loader)
+            model = build(loader, process) if replays else None
+            item = loader_budget(process, loader, model) if model is not None else unmodelled_budget(process, loader)
             budgets.append(item)
 
             def what_if(change, model=model, item=item):
                 return predict(model, item, change)
 
-            ctx = LoaderContext(node, loader, model, item, what_if)
+            ctx = LoaderContext(process, loader, model, item, what_if)
             found += finding_modules.find(ctx)
             asked += ctx.asked
             models.append(model.compact() if model is not None else None)
-    return Assessment(trial_verdict(nodes), {n.node: n.verdict for n in nodes}, _merge_nodes(found), budgets,
-                      _unique(asked), models)
+    hosts = sorted({p.host for p in processes})
+    merged = _merge_processes(found, {p.id: p.label for p in processes})
+    merged = sorted(stragglers(processes) + merged, key=rank)
+    return Assessment(trial_verdict(processes), {h: trial_verdict([p for p in processes if p.host == h]) for h in hosts},
+                      merged, budgets, _unique(asked), models, {p.id: p.verdict for p in processes})
 
 
 def _unique(items: list[WhatIf]) -> list[WhatIf]:
     seen, out = set(), []
     for item in items:
-        key = (item.node, item.loader, tuple(sorted(item.change.items())))
+        key = (item.process, item.loader, tuple(sorted(item.change.items())))
         if key not in seen:
             seen.add(key)
             out.append(item)
@@ -113,7 +121,7 @@ def _unique(items: list[WhatIf]) -> list[WhatIf]:
 
 def verdict(framework: pd.DataFrame) -> Verdict:
     """The trial's verdict alone."""
-    return trial_verdict(loaders_module.nodes(framework, pd.DataFrame()))
+    return trial_verdict(loaders_module.processes(framework, pd.DataFrame()))
 
 
 __all__ = ["Assessment", "LoaderBudget", "PARTS", "Recommendation", "Verdict", "WhatIf", "assess",

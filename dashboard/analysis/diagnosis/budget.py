@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from .loaders import Loader, Node, merge
+from .loaders import Loader, ProcessTraining, merge
 from .pipeline import READY_SLACK_US, PipelineModel
 
 PARTS = ("startup", "throughput", "imbalance", "tail", "main_process", "residual")
@@ -61,7 +61,8 @@ LATENCY_CPU_SHARE = 0.5
 
 @dataclass
 class LoaderBudget:
-    node: str
+    node: str  # the host
+    process: str  # the process id on it (trial/frames.py)
     loader: str  # the iterator class and its worker count, as the findings name it
     training_s: float
     wait_s: float
@@ -77,10 +78,10 @@ class LoaderBudget:
         return max(PARTS, key=lambda p: self.parts[p])
 
 
-def loader_training_us(node: Node, loader: Loader) -> int:
+def loader_training_us(process: ProcessTraining, loader: Loader) -> int:
     """The loader's share of the node's training windows: those of its iterators."""
     mine = loader.calls["segment"].unique()
-    lo, hi = node.segment_windows.loc[mine, "lo"].to_numpy(), node.segment_windows.loc[mine, "hi"].to_numpy()
+    lo, hi = process.segment_windows.loc[mine, "lo"].to_numpy(), process.segment_windows.loc[mine, "hi"].to_numpy()
     starts, ends = merge(lo, hi)
     return int(np.sum(ends - starts))
 
@@ -152,7 +153,7 @@ def _slow_fetch(model: PipelineModel) -> np.ndarray:
     return slow
 
 
-def _bound(model: PipelineModel, node: Node, util: float | None) -> tuple[str, bool]:
+def _bound(model: PipelineModel, process: ProcessTraining, util: float | None) -> tuple[str, bool]:
     """latency | cpu | unknown, and whether it is an estimate."""
     service = float(np.sum(model.service_us))
     if model.settings.num_workers == 0 or service <= 0:
@@ -164,31 +165,31 @@ def _bound(model: PipelineModel, node: Node, util: float | None) -> tuple[str, b
         stretch = model.contention or model.stretch(model.settings.num_workers)
         share = float(np.sum(model.cpu_base_us * model.speed[model.worker])) * stretch / service
         return ("latency" if share < LATENCY_CPU_SHARE else "cpu"), False
-    if util is None or not node.cores:
+    if util is None or not process.cores:
         return "unknown", True
     if saturated:
         return "cpu", True
-    busy_workers = service / max(float(node.training_us), 1.0)  # workers busy, on average
-    used = util / 100.0 * node.cores
+    busy_workers = service / max(float(process.training_us), 1.0)  # workers busy, on average
+    used = util / 100.0 * process.cores
     if busy_workers >= 1.0 and used < LATENCY_CPU_SHARE * busy_workers:
         return "latency", True  # busy workers that leave the cores idle are waiting
     return "unknown", True
 
 
-def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
+def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> LoaderBudget:
     g = model.wait_us
     wait = float(np.sum(g))
-    training_us = loader_training_us(node, loader)
+    training_us = loader_training_us(process, loader)
     parts = dict.fromkeys(PARTS, 0.0)
     windows: dict = {}
-    util = node.training_cpu_percent
+    util = process.training_cpu_percent
     evidence = {"batches": int(len(g)), "iterators": int(loader.segments),
                 "num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
                 "in_order": loader.in_order, "persistent_workers": loader.persistent,
                 "delivery_s": round(model.delivery_us / 1e6, 6),
                 "median_compute_s": round(float(np.median(model.compute_us)) / 1e6, 6) if len(g) else None,
                 "service_measured": model.service_measured, "cpu_percent": None if util is None else round(util, 1),
-                "cores": node.cores}
+                "cores": process.cores}
     workers = model.settings.num_workers
     slow = None
     if workers == 0:
@@ -230,7 +231,7 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
         plain = steady & ~tail_mask & (worker != slow if slow is not None else True)
         parts["residual"] = _residual(model, g, throughput, plain)
         parts["throughput"] = throughput - parts["residual"]
-        bound, estimated = _bound(model, node, util)
+        bound, estimated = _bound(model, process, util)
         evidence.update({"steady_wait_s": [round(float(b) / 1e6, 6) for b in base_by_worker],
                          "tail_batches": int(tail_mask.sum()),
                          "service_median_s": round(float(np.median(model.service_us)) / 1e6, 6),
@@ -247,11 +248,11 @@ def budget(node: Node, loader: Loader, model: PipelineModel) -> LoaderBudget:
     # Rounding must not break the sum: the residual takes the rounding.
     seconds["residual"] = round(round(wait / 1e6, 6) - sum(v for k, v in seconds.items() if k != "residual"), 6)
     tail_rows = np.flatnonzero(tail_mask) if workers else np.zeros(0, dtype=np.int64)
-    return LoaderBudget(loader.node, loader.label, round(training_us / 1e6, 6), round(wait / 1e6, 6), seconds,
+    return LoaderBudget(process.host, loader.process, loader.label, round(training_us / 1e6, 6), round(wait / 1e6, 6), seconds,
                         bound, evidence, slow, windows, tail_rows)
 
 
-def unmodelled_budget(node: Node, loader: Loader) -> LoaderBudget:
+def unmodelled_budget(process: ProcessTraining, loader: Loader) -> LoaderBudget:
     """A loader whose worker count the trial does not record (Kineto): its wait is split
     into the first batch of each iterator and the rest; no worker can be named."""
     calls = loader.calls
@@ -262,7 +263,7 @@ def unmodelled_budget(node: Node, loader: Loader) -> LoaderBudget:
     parts = dict.fromkeys(PARTS, 0.0)
     parts["startup"] = round(startup / 1e6, 6)
     parts["throughput"] = round((loader.wait_us - startup) / 1e6, 6)
-    return LoaderBudget(loader.node, loader.label, round(loader_training_us(node, loader) / 1e6, 6),
+    return LoaderBudget(process.host, loader.process, loader.label, round(loader_training_us(process, loader) / 1e6, 6),
                         round(loader.wait_us / 1e6, 6), parts, "unknown",
                         {"batches": int(len(calls)), "iterators": int(loader.segments), "num_workers": None,
                          "note": "num_workers is not recorded: the pipeline model cannot be replayed"})

@@ -1,4 +1,4 @@
-"""Which loaders trained, and for how long: the frames turned into nodes, loaders and
+"""Which loaders trained, and for how long: the frames turned into processes, loaders and
 training windows, the one definition of training time that the verdict, the budget and
 the what-if share.
 
@@ -7,7 +7,7 @@ iterator is a training one when most of its batches feed training steps (smdebug
 `Step:ModeKeys.TRAIN`, after the GetNext; Kineto's `ProfilerStep#N`, around it, first
 GetNext of the step only); without step events every iterator counts.
 
-Training time is the union of the training iterators' windows on a node, less the spans
+Training time is the union of the training iterators' windows of a process, less the spans
 of evaluation iterators inside them. A window runs from the iterator's first GetNext
 (or the start of the step it fed, when earlier) to the end of the last step any of its
 batches fed: each step counted whole, so a short trace is not biased by leaving its last
@@ -27,7 +27,6 @@ import numpy as np
 import pandas as pd
 
 from ... import format as fmt
-from ...trial.load import host_of
 from ..dataloader import iterator_classes, iterator_segments, labels
 
 # Torch's default prefetch_factor with workers (DataLoader.__init__).
@@ -39,7 +38,7 @@ _FAR = 2**62  # "no next GetNext"
 @dataclass
 class Loader:
     """The training iterators of one DataLoader configuration on one process."""
-    node: str
+    process: str  # the process id (trial/frames.py)
     pid: int
     cls: str
     num_workers: int | None
@@ -87,10 +86,15 @@ class Loader:
 
 
 @dataclass
-class Node:
-    node: str
+class ProcessTraining:
+    """One process's training: a rank of the job, or the one process of a job not distributed."""
+    id: str  # the process id (trial/frames.py)
+    host: str
+    rank: int | None
+    pid: int
+    label: str  # how texts name it: the host, with the rank or pid where the host has several
     span_us: int  # first to last framework event
-    calls: pd.DataFrame  # every GetNext of the node, with segment, index, training
+    calls: pd.DataFrame  # every GetNext of the process, with segment, index, training
     inits: pd.DataFrame
     training_segments: np.ndarray
     windows: list[tuple[int, int]]  # merged training windows
@@ -209,12 +213,12 @@ def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.
 
 # --- system ------------------------------------------------------------------------------
 
-def _system_series(system: pd.DataFrame, host: str, node: str):
+def _system_series(system: pd.DataFrame, host: str):
     if system.empty:
         empty = pd.Series(dtype="float64")
         return empty, empty, None, 0
     # Categorical columns compared as they are: no string copy of every sample.
-    part = system[((system["node"] == host) | (system["node"] == node)).to_numpy()]
+    part = system[(system["node"] == host).to_numpy()]
     kinds = part["type"]
     cpu = part[(kinds == "cpu").to_numpy()]
     dims = cpu["dimension"]
@@ -243,16 +247,16 @@ def _calls_frame(framework: pd.DataFrame) -> pd.DataFrame:
     segment = iterator_segments(framework)
     calls = framework[framework["kind"] == fmt.KIND_GETNEXT]
     calls = pd.DataFrame({
-        "node": labels(calls["node"], missing="nan"), "pid": calls["pid"].fillna(-1).astype("int64"),
+        "process": labels(calls["process"], missing="nan"), "pid": calls["pid"].fillna(-1).astype("int64"),
         "cls": iterator_classes(calls["name"]),
         "start_us": calls["start_us"].astype("int64"), "end_us": calls["end_us"].astype("int64"),
         "duration_us": calls["duration_us"].astype("int64"), "worker_id": calls["worker_id"],
         "num_workers": calls["num_workers"], "iterator_id": calls["iterator_id"], "segment": segment},
         index=calls.index)
-    calls = calls.sort_values(["node", "segment", "start_us"], kind="stable")
+    calls = calls.sort_values(["process", "segment", "start_us"], kind="stable")
     calls["index"] = calls.groupby("segment", sort=False).cumcount()
-    by_process = calls.sort_values(["node", "pid", "start_us"], kind="stable")
-    next_start = by_process.groupby(["node", "pid"], sort=False)["start_us"].shift(-1)
+    by_process = calls.sort_values(["process", "pid", "start_us"], kind="stable")
+    next_start = by_process.groupby(["process", "pid"], sort=False)["start_us"].shift(-1)
     calls["next_start_us"] = next_start.reindex(calls.index).fillna(_FAR).astype("int64")
     # The main process's compute after a batch: to the next GetNext of the same iterator.
     following = calls.groupby("segment", sort=False)["start_us"].shift(-1)
@@ -263,7 +267,7 @@ def _calls_frame(framework: pd.DataFrame) -> pd.DataFrame:
 def _inits_frame(framework: pd.DataFrame) -> pd.DataFrame:
     inits = framework[framework["kind"] == fmt.KIND_INIT]
     return pd.DataFrame({
-        "node": labels(inits["node"], missing="nan"), "pid": inits["pid"].fillna(-1).astype("int64"),
+        "process": labels(inits["process"], missing="nan"), "pid": inits["pid"].fillna(-1).astype("int64"),
         "cls": iterator_classes(inits["name"]),
         "start_us": inits["start_us"].astype("int64"), "end_us": inits["end_us"].astype("int64"),
         "duration_us": inits["duration_us"].astype("int64"),
@@ -304,7 +308,7 @@ def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
     return matched
 
 
-def _loaders(node: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.ndarray) -> list[Loader]:
+def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.ndarray) -> list[Loader]:
     calls = calls[np.isin(calls["segment"].to_numpy(), training)]
     if calls.empty:
         return []
@@ -329,7 +333,7 @@ def _loaders(node: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.n
         prefetch = _optional(first["prefetch_factor"], int) or TORCH_DEFAULT_PREFETCH
         in_order = _optional(first["in_order"], bool)
         out.append(Loader(
-            node=node, pid=int(first["pid"]), cls=str(first["cls"]), num_workers=workers,
+            process=process, pid=int(first["pid"]), cls=str(first["cls"]), num_workers=workers,
             pin_memory=_optional(first["pin_memory"], bool), persistent=persistent,
             persistent_recorded=recorded is not None, prefetch_factor=prefetch,
             in_order=True if in_order is None else in_order,
@@ -340,7 +344,7 @@ def _loaders(node: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.n
 
 def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matched: bool,
              epoch_ends: pd.Series):
-    """The node's training windows and whether their ends are estimated. `epoch_ends`: by
+    """The process's training windows and whether their ends are estimated. `epoch_ends`: by
     (pid, iterator_id), when the next() that ended the epoch began (this project's collector)."""
     seg = calls.groupby("segment", sort=False).agg(
         lo=("start_us", "first"), hi=("end_us", "max"), own_first=("own_step", "first"),
@@ -385,34 +389,44 @@ def _epoch_ends(framework: pd.DataFrame) -> pd.Series:
     return series[~series.index.duplicated(keep="last")]
 
 
-def nodes(framework: pd.DataFrame, system: pd.DataFrame) -> list[Node]:
+def processes(framework: pd.DataFrame, system: pd.DataFrame) -> list[ProcessTraining]:
+    """The processes that trained (had GetNexts), by host, rank and pid."""
     if not (framework["kind"] == fmt.KIND_GETNEXT).any():
         return []
     calls_all = _calls_frame(framework)
     inits_all = _inits_frame(framework)
-    fw_nodes = framework["node"]
+    fw_process = framework["process"]
+    identity = framework.drop_duplicates("process").set_index("process")[["node", "rank"]]
+    per_host = identity.groupby("node", observed=True).size()
     out = []
-    for node, node_calls in calls_all.groupby("node", sort=True):
-        on_node = (fw_nodes == node).to_numpy()
-        node_fw = framework if on_node.all() else framework[on_node]  # one node: no copy
-        starts, ends = _training_steps(node_fw)
-        node_calls = node_calls.sort_values(["segment", "start_us"], kind="stable")
-        own = _own_steps(node_calls, starts, ends)
-        node_calls = node_calls.assign(own_step=own, training=own >= 0)
-        share = node_calls.groupby("segment", sort=False)["training"].mean()
+    for process, process_calls in calls_all.groupby("process", sort=True):
+        mine = (fw_process == process).to_numpy()
+        process_fw = framework if mine.all() else framework[mine]  # one process: no copy
+        starts, ends = _training_steps(process_fw)
+        process_calls = process_calls.sort_values(["segment", "start_us"], kind="stable")
+        own = _own_steps(process_calls, starts, ends)
+        process_calls = process_calls.assign(own_step=own, training=own >= 0)
+        share = process_calls.groupby("segment", sort=False)["training"].mean()
         has_steps = len(starts) > 0
         training = share.index.to_numpy()[share.to_numpy() >= 0.5] if has_steps else np.array([], dtype=np.int64)
         steps_matched = bool(len(training))
         if not steps_matched:
             training = share.index.to_numpy()
-        windows, estimated, segment_windows = _windows(node_calls, training, starts, ends, steps_matched,
-                                                       _epoch_ends(node_fw))
-        inits = inits_all[(inits_all["node"] == node).to_numpy()]
-        cpu, iowait, cores, gpus = _system_series(system, host_of(node), node)
-        span = int(node_fw["end_us"].max() - node_fw["start_us"].min())
-        fetches = node_fw[(node_fw["kind"] == fmt.KIND_FETCH).to_numpy()][
+        windows, estimated, segment_windows = _windows(process_calls, training, starts, ends, steps_matched,
+                                                       _epoch_ends(process_fw))
+        inits = inits_all[(inits_all["process"] == process).to_numpy()]
+        host = str(identity.at[process, "node"])
+        rank = identity.at[process, "rank"]
+        rank = None if pd.isna(rank) else int(rank)
+        pid = int(process_calls["pid"].iloc[0])
+        label = host if per_host.get(host, 1) <= 1 else f"{host} {'rank %d' % rank if rank is not None else 'pid %d' % pid}"
+        cpu, iowait, cores, gpus = _system_series(system, host)
+        span = int(process_fw["end_us"].max() - process_fw["start_us"].min())
+        fetches = process_fw[(process_fw["kind"] == fmt.KIND_FETCH).to_numpy()][
             ["start_us", "end_us", "duration_us", "worker_id", "iterator_id", "cpu_us", "runq_us"]]
-        out.append(Node(node, span, node_calls, inits, training, windows, has_steps, steps_matched,
-                        estimated, segment_windows, _loaders(node, node_calls, inits, training), cpu, iowait, cores, gpus,
-                        fetches))
+        out.append(ProcessTraining(process, host, rank, pid, label, span, process_calls, inits, training, windows,
+                           has_steps, steps_matched, estimated, segment_windows,
+                           _loaders(process, process_calls, inits, training), cpu, iowait, cores, gpus, fetches))
+    far = 2**62
+    out.sort(key=lambda p: (p.host, far if p.rank is None else p.rank, p.pid, p.id))
     return out

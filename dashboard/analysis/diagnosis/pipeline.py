@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .loaders import Loader, Node
+from .loaders import Loader, ProcessTraining
 
 # Waits below delivery cost + this are "the batch was there": timer and scheduling noise
 # on a busy host is of this order (a context switch, a wake-up of the main thread).
@@ -259,7 +259,7 @@ def _fetch_matches(loader: Loader, fetches: pd.DataFrame) -> pd.DataFrame | None
                        on=["segment", "worker_id", "k"], how="left")
 
 
-def build(loader: Loader, node: Node) -> PipelineModel:
+def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     calls = loader.calls
     n = len(calls)
     workers = int(loader.num_workers or 0)
@@ -286,7 +286,7 @@ def build(loader: Loader, node: Node) -> PipelineModel:
         recreated[:] = not persistent
         recreated[0] = True
     settings = Settings(workers, loader.prefetch_factor, loader.in_order, persistent)
-    matched = _fetch_matches(loader, node.fetches) if workers else None
+    matched = _fetch_matches(loader, process.fetches) if workers else None
     service = np.full(n, np.nan)
     cpu = np.full(n, np.nan)
     runq = np.full(n, np.nan)
@@ -343,9 +343,9 @@ def build(loader: Loader, node: Node) -> PipelineModel:
     else:
         speed = np.ones(0)
 
-    cores = node.cores
-    util = node.training_cpu_percent
-    training_us = max(float(node.training_us), 1.0)
+    cores = process.cores
+    util = process.training_cpu_percent
+    training_us = max(float(process.training_us), 1.0)
     main_cores = min(1.0, float(np.sum(compute)) / training_us)
     cpu_measured = bool(workers) and bool(np.isfinite(cpu).mean() >= 0.5)
     contention = None  # today's stretch of the CPU work, where the kernel measured it

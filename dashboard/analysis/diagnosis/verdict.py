@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .loaders import Node
+from ...display import duration_s
+from .loaders import ProcessTraining
 
 # TensorFlow profiler's input-pipeline analyzer (the best-known one) uses these bounds
 # on the share of step time spent waiting for input.
@@ -36,24 +37,24 @@ def classify_input_percent(percent: float | None) -> str | None:
     return CLASS_NOT
 
 
-def _estimated(nodes: list[Node]) -> str:
-    if any(n.training_estimated for n in nodes):
+def _estimated(processes: list[ProcessTraining]) -> str:
+    if any(n.training_estimated for n in processes):
         return " (estimated where the epoch's end was not recorded: the iterator's median compute)"
     return " (recorded: the next() that ended each epoch)"
 
 
-def _basis(nodes: list[Node]) -> str:
-    iterators = sum(len(n.training_segments) for n in nodes)
-    if all(n.steps_matched for n in nodes):
+def _basis(processes: list[ProcessTraining]) -> str:
+    iterators = sum(len(n.training_segments) for n in processes)
+    if all(n.steps_matched for n in processes):
         how = (f"over the training steps fed by {iterators} training iterator(s), each step counted "
                f"whole; evaluation iterators told apart by the steps they fed")
-    elif any(n.has_steps and not n.steps_matched for n in nodes):
+    elif any(n.has_steps and not n.steps_matched for n in processes):
         how = (f"from the first GetNext of each of {iterators} iterator(s) to the end of its last batch's "
-               f"compute{_estimated(nodes)}; no iterator fed the training steps, so every iterator counts")
+               f"compute{_estimated(processes)}; no iterator fed the training steps, so every iterator counts")
     else:
         how = (f"from the first GetNext of each of {iterators} iterator(s) to the end of its last batch's "
-               f"compute{_estimated(nodes)}; no step events, so every iterator counts as training")
-    where = f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
+               f"compute{_estimated(processes)}; no step events, so every iterator counts as training")
+    where = f" on {len(processes)} processes" if len(processes) > 1 else ""
     return how + where
 
 
@@ -63,17 +64,17 @@ def _make_verdict(getnext_us: int, training_us: int, basis: str) -> Verdict:
     percent = 100.0 * min(getnext_us, training_us) / training_us
     getnext_s, training_s = getnext_us / 1e6, training_us / 1e6
     return Verdict(round(percent, 2), classify_input_percent(percent),
-                   f"GetNext {getnext_s:.3f} s of {training_s:.3f} s of training, {basis}",
+                   f"GetNext {duration_s(getnext_s)} of {duration_s(training_s)} of training, {basis}",
                    getnext_s, training_s)
 
 
-def node_verdict(node: Node) -> Verdict:
-    getnext = int(node.training_calls["duration_us"].sum())
-    return _make_verdict(getnext, node.training_us, _basis([node]))
+def process_verdict(process: ProcessTraining) -> Verdict:
+    getnext = int(process.training_calls["duration_us"].sum())
+    return _make_verdict(getnext, process.training_us, _basis([process]))
 
 
-def trial_verdict(nodes: list[Node]) -> Verdict:
-    if not nodes:
+def trial_verdict(processes: list[ProcessTraining]) -> Verdict:
+    if not processes:
         return Verdict(None, None, "no GetNext events: nothing to judge by")
-    getnext = sum(int(n.training_calls["duration_us"].sum()) for n in nodes)
-    return _make_verdict(getnext, sum(n.training_us for n in nodes), _basis(nodes))
+    getnext = sum(int(n.training_calls["duration_us"].sum()) for n in processes)
+    return _make_verdict(getnext, sum(n.training_us for n in processes), _basis(processes))

@@ -75,7 +75,8 @@ def parse(text: str) -> dict:
 
 @dataclass
 class WhatIf:
-    node: str
+    node: str  # the host
+    process: str
     loader: str
     change: dict
     now: dict  # wait_fraction, training_s
@@ -111,7 +112,7 @@ def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> 
     change = validate(change)
     now = {"wait_fraction": _fraction(budget.wait_s, budget.training_s), "training_s": budget.training_s}
     if model is None:
-        return WhatIf(budget.node, budget.loader, change, now, None,
+        return WhatIf(budget.node, budget.process, budget.loader, change, now, None,
                       "the trial does not record this loader's num_workers: it cannot be replayed")
     settings = model.settings.changed(change)
     wait = _calibrated(budget.wait_s * 1e6, model.today_us, replay(model, settings)) / 1e6
@@ -122,5 +123,5 @@ def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> 
         compute_saved = model.startup_compute_us * max(int(model.recreated.sum()) - 1, 0) / 1e6
     training = max(budget.training_s - saved - compute_saved, 1e-9)
     note = "" if model.service_measured else "service times inferred from the main process's waits (an estimate)"
-    return WhatIf(budget.node, budget.loader, change, now,
+    return WhatIf(budget.node, budget.process, budget.loader, change, now,
                   {"wait_fraction": _fraction(wait, training), "training_s": round(training, 6)}, note)

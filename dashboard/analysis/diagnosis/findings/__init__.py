@@ -7,7 +7,7 @@ from .base import MAX_LISTED, MIN_SHARE_OF_JOB, LoaderContext, Recommendation
 # Each module's findings, in the order their causes are fixed first: a slow worker or
 # storage explains the waits before more workers would only dilute them.
 MODULES = (throughput, imbalance, startup, tail, storage, pin_memory)
-ORDER = ("use_workers", "cpu_saturated", "more_workers", "persistent_workers", "slow_worker", "slow_samples",
+ORDER = ("straggler_host", "straggler_rank", "use_workers", "cpu_saturated", "more_workers", "persistent_workers", "slow_worker", "slow_samples",
          "storage_bound", "startup", "pin_memory")
 
 

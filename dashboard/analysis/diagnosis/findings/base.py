@@ -6,8 +6,9 @@ from typing import Callable
 
 import pandas as pd
 
+from ....display import duration_s
 from ..budget import LoaderBudget
-from ..loaders import Loader, Node
+from ..loaders import Loader, ProcessTraining
 from ..pipeline import PipelineModel
 from ..what_if import WhatIf
 
@@ -30,8 +31,8 @@ class Recommendation:
 
 @dataclass
 class LoaderContext:
-    """One training loader of a node, with its budget and a what-if on it."""
-    node: Node
+    """One training loader of a process, with its budget and a what-if on it."""
+    process: ProcessTraining
     loader: Loader
     model: PipelineModel | None
     budget: LoaderBudget
@@ -39,7 +40,7 @@ class LoaderContext:
     asked: list = field(default_factory=list)  # what-ifs the findings ran
 
     def worth(self, seconds: float | None, share: float = MIN_SHARE_OF_JOB) -> bool:
-        return seconds is not None and self.node.span_us > 0 and seconds * 1e6 >= share * self.node.span_us
+        return seconds is not None and self.process.span_us > 0 and seconds * 1e6 >= share * self.process.span_us
 
     def predict(self, change: dict) -> WhatIf:
         result = self.what_if(change)
@@ -47,7 +48,8 @@ class LoaderContext:
         return result
 
     def evidence(self, **more) -> dict:
-        return {"node": self.node.node, "loader": self.loader.name, "num_workers": self.loader.num_workers,
+        return {"node": self.process.host, "process": self.process.id, "rank": self.process.rank,
+                "loader": self.loader.name, "num_workers": self.loader.num_workers,
                 "num_workers_inferred": self.loader.num_workers_inferred,
                 "batches": self.budget.evidence.get("batches"), "part_s": None, **more}
 
@@ -62,18 +64,13 @@ class LoaderContext:
                               None if result is None else result.change, None)
 
 
-def seconds_text(seconds: float) -> str:
-    """A duration for text: '1.23 s' or '45.6 ms'."""
-    return f"{seconds:.2f} s" if abs(seconds) >= 1 else f"{seconds * 1e3:.1f} ms"
-
-
 def predicted_text(result: WhatIf | None) -> str:
     if result is None or result.predicted is None:
         return ""
     now, then = result.now, result.predicted
     return (f" Predicted: waiting {100 * now['wait_fraction']:.1f} % -> {100 * then['wait_fraction']:.1f} % "
-            f"of training, training {now['training_s']:.2f} s -> {then['training_s']:.2f} s "
-            f"(saves {seconds_text(max(result.saving_s, 0.0))}).")
+            f"of training, training {duration_s(now['training_s'])} -> {duration_s(then['training_s'])} "
+            f"(saves {duration_s(max(result.saving_s, 0.0))}).")
 
 
 def batch_list(calls: pd.DataFrame, rows) -> list[dict]:

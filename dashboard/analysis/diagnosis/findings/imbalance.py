@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import LoaderContext, Recommendation, batch_list, predicted_text, seconds_text
+from ....display import duration_s
+from .base import LoaderContext, Recommendation, batch_list, predicted_text
 
 
 def find(ctx: LoaderContext) -> list[Recommendation]:
@@ -21,16 +22,16 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     slowest = mine[np.argsort(-model.wait_us[mine], kind="stable")]
     ev = budget.evidence
     measured = ("fetch_median_s" in ev)
-    service = (f"it takes {seconds_text(ev['fetch_median_s'])} median to fetch a batch against "
-               f"{seconds_text(ev['others_fetch_median_s'])} for the other workers, and " if measured else "")
+    service = (f"it takes {duration_s(ev['fetch_median_s'])} median to fetch a batch against "
+               f"{duration_s(ev['others_fetch_median_s'])} for the other workers, and " if measured else "")
     steady = ev.get("steady_wait_s") or []
     others = [s for w, s in enumerate(steady) if w != worker]
-    text = (f"Worker {worker} of {loader.label} on {ctx.node.node} is slow: {service}its batches wait "
-            f"{seconds_text(steady[worker])} against {seconds_text(max(others) if others else 0.0)} for the "
+    text = (f"Worker {worker} of {loader.label} on {ctx.process.label} is slow: {service}its batches wait "
+            f"{duration_s(steady[worker])} against {duration_s(max(others) if others else 0.0)} for the "
             f"other workers' batches"
             + (f"; {ev['stalls_on_worker']} of the {ev['stalls_total']} stalls are its batches"
                if ev.get("stalls_on_worker") else "")
-            + f". With in-order delivery every batch queued behind it waits too ({seconds_text(part)} in all). "
+            + f". With in-order delivery every batch queued behind it waits too ({duration_s(part)} in all). "
             f"Find why that worker is slow (a shard of slow files, a skewed sampler, a slow sample it always "
             f"gets)" + ("; `in_order=False` on the DataLoader (torch >= 2.6) lets the other workers' batches "
                         "through meanwhile, at the cost of batch order." if loader.in_order else ".")

@@ -6,11 +6,11 @@ from .base import LoaderContext, Recommendation
 
 
 def find(ctx: LoaderContext) -> list[Recommendation]:
-    node, loader = ctx.node, ctx.loader
-    if not node.gpus or loader.pin_memory is not False:
+    process, loader = ctx.process, ctx.loader
+    if not process.gpus or loader.pin_memory is not False:
         return []
-    text = (f"{loader.label} on {node.node} has pin_memory=False while the host has {node.gpus} GPU(s) in "
+    text = (f"{loader.label} on {process.label} has pin_memory=False while the host has {process.gpus} GPU(s) in "
             f"the system metrics: set `pin_memory=True` so batches are copied to the GPU from page-locked "
             f"memory, and overlap the copy with compute via `.to(device, non_blocking=True)`.")
-    evidence = ctx.evidence(gpus=node.gpus)
+    evidence = ctx.evidence(gpus=process.gpus)
     return [Recommendation("pin_memory", text, evidence, None, {"pin_memory": True}, None)]

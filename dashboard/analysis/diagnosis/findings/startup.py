@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .base import MAX_LISTED, LoaderContext, Recommendation, predicted_text, seconds_text
+from ....display import duration_s
+from .base import MAX_LISTED, LoaderContext, Recommendation, predicted_text
 
 # A first start is a finding of its own when the first batches cost this share of the
 # job: starting workers always costs something (tens of ms to fork, seconds to spawn),
@@ -31,7 +32,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     if not loader.multi_process or not ctx.worth(startup):
         return []
     model = ctx.model
-    inits = ctx.node.inits
+    inits = ctx.process.inits
     mine = inits[(inits["pid"] == loader.pid) & (inits["cls"] == loader.cls)]
     init_s = float(mine["duration_us"].median()) / 1e6 if len(mine) else None
     recreated = loader.persistent is False and loader.segments >= 2
@@ -52,11 +53,11 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
         result = ctx.predict({"persistent_workers": True})
         if result.predicted is not None and not ctx.worth(result.saving_s):
             return []  # the waits are the pipeline filling each epoch, which persistence keeps
-        text = (f"Workers are re-created every epoch: {loader.label} on {ctx.node.node} started new workers "
-                f"{starts} times, and the first batches of each start waited {seconds_text(startup / starts)} "
-                f"beyond the steady wait ({seconds_text(startup)} in all)"
-                + (f"; each iter() took {seconds_text(init_s)} more" if init_s else "")
-                + (f"; and the training loop's compute ran {seconds_text(model.startup_compute_us / 1e6)} slower "
+        text = (f"Workers are re-created every epoch: {loader.label} on {ctx.process.label} started new workers "
+                f"{starts} times, and the first batches of each start waited {duration_s(startup / starts)} "
+                f"beyond the steady wait ({duration_s(startup)} in all)"
+                + (f"; each iter() took {duration_s(init_s)} more" if init_s else "")
+                + (f"; and the training loop's compute ran {duration_s(model.startup_compute_us / 1e6)} slower "
                    f"after each start (forking workers slows the parent)"
                    if model is not None and ctx.worth(model.startup_compute_us / 1e6 * (starts - 1)) else "")
                 + ". Set `persistent_workers=True` on this DataLoader so its workers start once."
@@ -65,8 +66,8 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     if not ctx.worth(startup, STARTUP_MIN_SHARE):
         return []
     steady = np.median(budget.evidence.get("steady_wait_s") or [0.0])
-    text = (f"The first batches of {loader.label} on {ctx.node.node} wait {seconds_text(startup)} beyond the "
-            f"steady wait ({seconds_text(float(steady))} a batch) over {starts} start(s): a start-up cost. "
+    text = (f"The first batches of {loader.label} on {ctx.process.label} wait {duration_s(startup)} beyond the "
+            f"steady wait ({duration_s(float(steady))} a batch) over {starts} start(s): a start-up cost. "
             f"Workers started with 'spawn' (the default on macOS and Windows, and needed with CUDA in the "
             f"parent) re-import the main module and unpickle the dataset: use "
             f"`multiprocessing_context='forkserver'` or 'fork' where safe, keep the Dataset's `__init__` and "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..loaders import in_windows, merge
-from .base import MAX_LISTED, LoaderContext, Recommendation, seconds_text
+from ....display import duration_s
+from .base import MAX_LISTED, LoaderContext, Recommendation
 
 # Mean I/O wait (over all cores) during GetNext stalls that marks the stalls as storage's:
 # a training host otherwise reads near 0 %, and with several cores a tenth of all of them
@@ -16,8 +17,8 @@ STALL_FACTOR = 2.0
 
 
 def find(ctx: LoaderContext) -> list[Recommendation]:
-    node, loader, budget = ctx.node, ctx.loader, ctx.budget
-    iowait = node.iowait
+    process, loader, budget = ctx.process, ctx.loader, ctx.budget
+    iowait = process.iowait
     at_stake = budget.parts["throughput"] + budget.parts["tail"] + budget.parts["main_process"]
     if iowait.empty or not ctx.worth(at_stake):
         return []
@@ -39,14 +40,14 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     value = float(iowait[during].mean())
     if value < IOWAIT_HIGH_PERCENT:
         return []
-    training = in_windows(times, node.windows) & ~during
+    training = in_windows(times, process.windows) & ~during
     elsewhere = float(iowait[training].mean()) if training.any() else None
     excess_s = min(float(np.sum(waits[stalls] - median)) / 1e6, at_stake)
     longest = stalls[np.argsort(-waits[stalls], kind="stable")][:MAX_LISTED]
-    text = (f"Storage-bound: during the {len(stalls)} GetNext stalls of {loader.label} on {node.node} (over "
+    text = (f"Storage-bound: during the {len(stalls)} GetNext stalls of {loader.label} on {process.label} (over "
             f"{STALL_FACTOR:g}x the median) the CPUs wait on I/O {value:.0f} % of the time"
             + (f" (against {elsewhere:.0f} % otherwise in training)" if elsewhere is not None else "")
-            + f"; the stalls cost {seconds_text(excess_s)}. Read faster: copy the data to local disk or NVMe "
+            + f"; the stalls cost {duration_s(excess_s)}. Read faster: copy the data to local disk or NVMe "
             f"(or a faster file system), read larger sequential shards (WebDataset, TFRecord-like formats), "
             f"cache hot data in memory; I/O-bound loading also tolerates more workers than cores.")
     evidence = ctx.evidence(part_s=round(excess_s, 6), stalls=int(len(stalls)), iowait_percent=round(value, 1),

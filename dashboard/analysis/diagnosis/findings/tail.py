@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..budget import TAIL_FACTOR
-from .base import LoaderContext, Recommendation, batch_list, predicted_text, seconds_text
+from ....display import duration_s
+from .base import LoaderContext, Recommendation, batch_list, predicted_text
 
 
 def find(ctx: LoaderContext) -> list[Recommendation]:
@@ -32,9 +33,9 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
         fix = " No DataLoader setting hides them (the model tried deeper prefetch, more workers, out-of-order)."
     rows = budget.tail_rows  # the budget's own tail batches
     rows = rows[np.argsort(-model.wait_us[rows], kind="stable")]
-    text = (f"Slow samples: {len(rows)} batches of {loader.label} on {ctx.node.node} wait far beyond their "
-            f"worker's steady wait (over {TAIL_FACTOR:g}x it), {seconds_text(part)} in all; the longest "
-            f"{seconds_text(float(model.wait_us[rows[0]]) / 1e6) if len(rows) else '-'}. Find those samples "
+    text = (f"Slow samples: {len(rows)} batches of {loader.label} on {ctx.process.label} wait far beyond their "
+            f"worker's steady wait (over {TAIL_FACTOR:g}x it), {duration_s(part)} in all; the longest "
+            f"{duration_s(float(model.wait_us[rows[0]]) / 1e6) if len(rows) else '-'}. Find those samples "
             f"(the batches and their workers are listed): a slow read, an oversized item, a retry." + fix)
     evidence = ctx.evidence(part_s=round(part, 6), tail_batches=int(len(rows)),
                             tried={", ".join(f"{k}={v}" for k, v in t.change.items()): t.saving_s for t in tried},

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..budget import CPU_SATURATED_PERCENT
 from ..verdict import MODERATELY_INPUT_BOUND_PERCENT
-from .base import LoaderContext, Recommendation, predicted_text, seconds_text
+from ....display import duration_s
+from .base import LoaderContext, Recommendation, predicted_text
 
 # The worker count suggested is the smallest whose predicted saving is within this share
 # of the best one tried: the last few workers of a search buy almost nothing.
@@ -33,7 +34,7 @@ def _candidates(workers: int, cores: int | None, bound: str) -> list[int]:
 
 def _search(ctx: LoaderContext, workers: int):
     """(best what-if, every what-if tried) over worker counts above today's."""
-    tried = [ctx.what_if({"num_workers": w}) for w in _candidates(workers, ctx.node.cores, ctx.budget.bound)]
+    tried = [ctx.what_if({"num_workers": w}) for w in _candidates(workers, ctx.process.cores, ctx.budget.bound)]
     tried = [t for t in tried if t.predicted is not None]
     if not tried:
         return None, []
@@ -49,7 +50,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     loader, budget = ctx.loader, ctx.budget
     if ctx.model is None:
         return []
-    cores = ctx.node.cores
+    cores = ctx.process.cores
     cpu = budget.evidence.get("cpu_percent")
     host = (f"{cores} cores" + (f", {cpu:.0f} % busy" if cpu is not None else "")) if cores else "cores unknown"
     if loader.num_workers == 0:
@@ -60,8 +61,8 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
         if chosen is None:
             return []
         suggested = chosen.change["num_workers"]
-        text = (f"{loader.label} on {ctx.node.node} loads its batches in the training process: "
-                f"{seconds_text(part)} of waiting inside next(). Load in worker processes: "
+        text = (f"{loader.label} on {ctx.process.label} loads its batches in the training process: "
+                f"{duration_s(part)} of waiting inside next(). Load in worker processes: "
                 f"`num_workers={suggested}` ({host})." + predicted_text(chosen))
         evidence = ctx.evidence(part_s=round(part, 6), suggested_num_workers=suggested, cores=cores,
                                 cpu_percent=cpu)
@@ -93,8 +94,8 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     if saturated or chosen is None or not ctx.worth(chosen.saving_s) or chosen.saving_s < MEANINGFUL_SHARE * part:
         if budget.bound == "cpu":
             doubled = ctx.predict({"num_workers": 2 * workers})
-            text = (f"{loader.label} on {ctx.node.node}: the workers cannot keep up "
-                    f"({seconds_text(part)} of steady waiting) and the CPUs are the limit ({host}; {why}): "
+            text = (f"{loader.label} on {ctx.process.label}: the workers cannot keep up "
+                    f"({duration_s(part)} of steady waiting) and the CPUs are the limit ({host}; {why}): "
                     f"more workers will not help, or only by taking cores from the other processes on it."
                     + predicted_text(doubled).replace("Predicted:", f"Predicted with num_workers={2 * workers}:")
                     + " Make per-sample work cheaper (decode smaller images, lighter augmentation, a faster "
@@ -107,7 +108,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     evidence["suggested_num_workers"] = suggested
     beyond = f", more than the {cores} cores: waiting workers need no core" if cores and suggested > cores \
         and budget.bound == "latency" else ""
-    text = (f"{loader.label} on {ctx.node.node}: the workers cannot keep up with the compute "
-            f"({seconds_text(part)} of steady waiting; {why}; {host}). Raise `num_workers` from {workers} to "
+    text = (f"{loader.label} on {ctx.process.label}: the workers cannot keep up with the compute "
+            f"({duration_s(part)} of steady waiting; {why}; {host}). Raise `num_workers` from {workers} to "
             f"{suggested}{beyond}." + predicted_text(chosen))
     return [ctx.recommend("more_workers", text, evidence, part, chosen)]

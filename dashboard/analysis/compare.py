@@ -1,0 +1,274 @@
+"""Two runs of a job side by side: did the change do what the first run's what-if said?
+
+    compare(Side(assessment_a, framework_a), Side(assessment_b, framework_b)) -> Comparison
+        .delta              B minus A: training time, wait (GetNext) and input-bound percent
+        .settings_changed   per training loader, the DataLoader settings that differ
+        .findings           each finding of either run: resolved, remaining or new
+        .predicted          A's what-if for B's changed settings (None: nothing to predict)
+        .achieved           what B measured, on the same basis as the prediction
+
+Loaders are matched by process and iterator class (the loader's label also names its worker
+count, which a change may alter); processes by their id when both runs have the same ones
+(ranks), else by host and rank (an id that is a pid differs from run to run); loaders left
+over by iterator class alone (the other run went to another host). A setting
+counts as recorded when the run's iterator initializations record it; `persistent_workers`
+also when the diagnosis saw it from re-creations (fewer initializations than iterators).
+What only one run records is listed with "not recorded" on the other side, and is never
+part of a prediction. Pure: assessments and frames in, a result out.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from .. import format as fmt
+from .dataloader import iterator_classes
+from .diagnosis import WHAT_IF_KEYS, Assessment, LoaderBudget
+
+NOT_RECORDED = "not recorded"
+# The DataLoader settings compared, in the order they are listed. The what-if replays all but
+# pin_memory (WHAT_IF_KEYS).
+SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "in_order", "persistent_workers")
+RESOLVED, REMAINING, NEW = "resolved", "remaining", "new"
+# A budget's loader label is '<iterator class> (num_workers=...)' (diagnosis.loaders.Loader.label).
+_LABEL_SUFFIX = re.compile(r" \([^()]*\)$")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One run: its assessment and its canonical framework frame (whose iterator
+    initializations say which settings the run recorded)."""
+    assessment: Assessment
+    framework: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    node: str  # the host
+    loader: str  # the iterator class
+    key: str
+    a: object  # the value, or NOT_RECORDED
+    b: object
+
+
+@dataclass(frozen=True)
+class FindingStatus:
+    id: str
+    loader: str | None  # the iterator class the finding is about
+    status: str  # resolved | remaining | new
+    saving_s_a: float | None
+    saving_s_b: float | None
+    text_a: str | None = None
+    text_b: str | None = None
+
+
+@dataclass
+class LoaderPair:
+    """A training loader of A and its counterpart in B (None: it trained in one run only)."""
+    node: str
+    loader: str  # the iterator class
+    a: LoaderBudget | None
+    b: LoaderBudget | None
+    settings_a: dict = field(default_factory=dict)  # SETTINGS -> value or NOT_RECORDED
+    settings_b: dict = field(default_factory=dict)
+
+
+@dataclass
+class Comparison:
+    delta: dict  # training_s, wait_s, input_percent: B - A (None where a run has no verdict)
+    settings_changed: list[SettingChange]
+    findings: list[FindingStatus]
+    predicted: dict | None  # change, training_s, wait_fraction
+    achieved: dict  # training_s, wait_fraction
+    loaders: list[LoaderPair]
+    note: str = ""  # why there is no prediction, when there is none
+
+
+def loader_class(label: str) -> str:
+    """The iterator class of a budget's loader label."""
+    return _LABEL_SUFFIX.sub("", label)
+
+
+def _ranks(framework: pd.DataFrame) -> dict:
+    """Each process's training rank (None where the trial does not know it)."""
+    if "rank" not in framework.columns or framework.empty:
+        return {}
+    known = framework[["process", "rank"]].dropna().drop_duplicates("process")
+    return {str(p): int(r) for p, r in zip(known["process"], known["rank"])}
+
+
+def _matcher(a: Side, b: Side):
+    """How loaders' processes are matched: by process id when the runs share their ids (ranks
+    of a distributed job), else by host and rank (a process id that is a pid differs from run
+    to run)."""
+    if {item.process for item in a.assessment.budget} == {item.process for item in b.assessment.budget}:
+        return lambda side, item: item.process
+    ranks = {id(a): _ranks(a.framework), id(b): _ranks(b.framework)}
+    return lambda side, item: (item.node, ranks[id(side)].get(item.process))
+
+
+def _inits(framework: pd.DataFrame) -> pd.DataFrame:
+    inits = framework[(framework["kind"] == fmt.KIND_INIT).to_numpy()]
+    return inits.assign(cls=iterator_classes(inits["name"]).to_numpy())
+
+
+def _recorded_value(rows: pd.DataFrame, column: str):
+    values = rows[column].dropna()
+    if values.empty:
+        return NOT_RECORDED
+    value = values.iloc[-1]
+    return bool(value) if column in ("pin_memory", "in_order", "persistent_workers") else int(value)
+
+
+def loader_settings(item: LoaderBudget, inits: pd.DataFrame) -> dict:
+    """A training loader's DataLoader settings as the run recorded them (NOT_RECORDED where
+    its iterator initializations do not say), persistence also as re-creations show it."""
+    rows = inits[((inits["cls"] == loader_class(item.loader))
+                  & (inits["process"].astype(str) == item.process)).to_numpy()]
+    workers = item.evidence.get("num_workers")
+    if workers is not None and rows["num_workers"].notna().any():
+        same = rows[(rows["num_workers"] == workers).fillna(False).to_numpy()]
+        rows = same if len(same) else rows
+    out = {}
+    for key in SETTINGS:
+        recorded = _recorded_value(rows, key)
+        if key == "persistent_workers":
+            seen = item.evidence.get("persistent_workers")  # recorded, or seen from re-creations
+            out[key] = NOT_RECORDED if seen is None else bool(seen)
+        elif key == "pin_memory" or recorded == NOT_RECORDED:
+            out[key] = recorded
+        else:
+            # The diagnosis's own value of the loader (what its what-if starts from).
+            value = item.evidence.get(key)
+            out[key] = recorded if value is None else (bool(value) if key == "in_order" else int(value))
+    return out
+
+
+def _pairs(a: Side, b: Side) -> list[LoaderPair]:
+    """A's training loaders with their counterparts in B: the same process (see _matcher) and
+    iterator class; then, for those left, the same iterator class anywhere (the runs went to
+    other hosts: a job run again elsewhere, a trace recorded on another machine)."""
+    key_of = _matcher(a, b)
+    inits_a, inits_b = _inits(a.framework), _inits(b.framework)
+    left: dict[tuple, list[LoaderBudget]] = {}
+    for item in b.assessment.budget:
+        left.setdefault((key_of(b, item), loader_class(item.loader)), []).append(item)
+    matched = []
+    for item in a.assessment.budget:
+        key = (key_of(a, item), loader_class(item.loader))
+        matched.append([item, left[key].pop(0) if left.get(key) else None])
+    by_class: dict[str, list[LoaderBudget]] = {}
+    for (_, cls), items in left.items():
+        by_class.setdefault(cls, []).extend(items)
+    for pair in matched:
+        cls = loader_class(pair[0].loader)
+        if pair[1] is None and by_class.get(cls):
+            pair[1] = by_class[cls].pop(0)
+    pairs = [LoaderPair(item.node, loader_class(item.loader), item, other, loader_settings(item, inits_a),
+                        loader_settings(other, inits_b) if other is not None else {}) for item, other in matched]
+    for cls, items in by_class.items():
+        pairs += [LoaderPair(item.node, cls, None, item, {}, loader_settings(item, inits_b)) for item in items]
+    return pairs
+
+
+def _changes(pairs: list[LoaderPair]) -> list[SettingChange]:
+    out = []
+    for pair in pairs:
+        if pair.a is None or pair.b is None:
+            continue
+        for key in SETTINGS:
+            va, vb = pair.settings_a[key], pair.settings_b[key]
+            if va != vb:
+                out.append(SettingChange(pair.node, pair.loader, key, va, vb))
+    return out
+
+
+def what_if_change(pair: LoaderPair) -> dict:
+    """B's settings that differ from A's and that the what-if replays, both recorded."""
+    if pair.a is None or pair.b is None:
+        return {}
+    return {key: pair.settings_b[key] for key in WHAT_IF_KEYS
+            if NOT_RECORDED not in (pair.settings_a[key], pair.settings_b[key])
+            and pair.settings_a[key] != pair.settings_b[key]}
+
+
+def _fraction(wait_s: float, training_s: float) -> float | None:
+    return round(wait_s / training_s, 6) if training_s > 0 else None
+
+
+def _predicted(a: Side, pairs: list[LoaderPair]) -> tuple[dict | None, str]:
+    """A's what-if for B's settings: each changed loader of A replayed with its change, the
+    others as they are; together, as the budgets add up."""
+    budget = a.assessment.budget
+    changes = {id(pair.a): what_if_change(pair) for pair in pairs if pair.a is not None}
+    if not any(changes.values()):
+        return None, "no DataLoader setting the what-if replays differs between the runs (where both record it)"
+    predictions: dict[tuple, list] = {}
+    training = wait = 0.0
+    merged: dict = {}
+    for index, item in enumerate(budget):
+        change = changes.get(id(item)) or {}
+        if not change:
+            training, wait = training + item.training_s, wait + item.wait_s
+            continue
+        key = tuple(sorted(change.items()))
+        if key not in predictions:
+            try:
+                predictions[key] = a.assessment.predict(change)
+            except ValueError as exc:
+                return None, f"the what-if cannot replay {change}: {exc}"
+        result = predictions[key][index]
+        if result.predicted is None:
+            return None, f"{item.loader} on {item.node}: {result.note}"
+        then = result.predicted
+        training += then["training_s"]
+        wait += then["wait_fraction"] * then["training_s"]
+        merged.update(change)
+    return {"change": merged, "training_s": round(training, 6), "wait_fraction": _fraction(wait, training)}, ""
+
+
+def _achieved(b: Side) -> dict:
+    training = sum(item.training_s for item in b.assessment.budget)
+    wait = sum(item.wait_s for item in b.assessment.budget)
+    return {"training_s": round(training, 6) if b.assessment.budget else None,
+            "wait_fraction": _fraction(wait, training)}
+
+
+def _delta(a: Side, b: Side) -> dict:
+    va, vb = a.assessment.verdict, b.assessment.verdict
+    if va.input_percent is None or vb.input_percent is None:
+        return {"training_s": None, "wait_s": None, "input_percent": None}
+    return {"training_s": round(vb.training_s - va.training_s, 6), "wait_s": round(vb.getnext_s - va.getnext_s, 6),
+            "input_percent": round(vb.input_percent - va.input_percent, 2)}
+
+
+def _findings(a: Side, b: Side) -> list[FindingStatus]:
+    def key(item):
+        return item.id, item.evidence.get("loader")
+
+    later = {}
+    for item in b.assessment.recommendations:
+        later.setdefault(key(item), item)
+    out, seen = [], set()
+    for item in a.assessment.recommendations:
+        if key(item) in seen:
+            continue
+        seen.add(key(item))
+        other = later.get(key(item))
+        out.append(FindingStatus(item.id, item.evidence.get("loader"), REMAINING if other else RESOLVED,
+                                 item.saving_s, other.saving_s if other else None, item.text,
+                                 other.text if other else None))
+    for item in b.assessment.recommendations:
+        if key(item) not in seen:
+            seen.add(key(item))
+            out.append(FindingStatus(item.id, item.evidence.get("loader"), NEW, None, item.saving_s, None, item.text))
+    return out
+
+
+def compare(a: Side, b: Side) -> Comparison:
+    """B against A (A: the run before the change)."""
+    pairs = _pairs(a, b)
+    predicted, note = _predicted(a, pairs)
+    return Comparison(_delta(a, b), _changes(pairs), _findings(a, b), predicted, _achieved(b), pairs, note)

@@ -1,0 +1,185 @@
+"""Parsed trial files kept as Arrow IPC files in a cache folder, for load_trial's file_cache.
+
+A reopen of a trial, the refresh of a running job, or another server process reads a file's
+columns from here instead of its JSON: memory-mapped, checked, and handed to the frames as
+they are, with no unpickling (a pickle runs code; these files are data only).
+
+One file per parsed trial file, named by load.py's file-cache key (the trial's canonical path,
+the file's key, size and version, the parser's rules), so that a changed file is another
+entry. Each cache file is a small header and an Arrow IPC file:
+
+    MAGIC (8 bytes) | CRC-32 of the rest (4, little-endian) | length of the rest (8) | IPC file
+
+with what the parse reported (lines skipped and why, the content's digest, bytes counted) in
+the IPC schema's metadata. A file whose header, length, checksum, schema or metadata is not
+what this version writes is a miss, removed and rebuilt by the next load: never a wrong answer.
+
+Files are written to a temporary name and renamed into place (a reader sees a whole file or
+none), 0600 in a 0700 folder, and a folder owned by another user is refused.
+"""
+from __future__ import annotations
+
+from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
+
+import contextlib
+import json
+import os
+import shutil
+import struct
+import threading
+import uuid
+import zlib
+
+import pyarrow as pa
+
+from .frames import FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA
+from .load import ParsedEntry
+from .smdebug_format import ParsedFile
+
+MAGIC = b"DLPCOL01"  # the layout's version: a file of another layout is a miss
+_HEADER = struct.Struct("<8sIQ")
+SUFFIX = ".arrow"
+_META = b"dashboard.parsed"
+_SCHEMAS = (FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA)
+PRIVATE_FOLDER, PRIVATE_FILE = 0o700, 0o600
+# What the cache leaves free on its disk: a full disk would fail the server's other writes.
+DEFAULT_KEEP_FREE_BYTES = 64 * 2**20
+
+
+def _private_folder(directory: str) -> None:
+    os.makedirs(directory, mode=PRIVATE_FOLDER, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"the cache folder {directory} belongs to another user (uid {info.st_uid}); "
+                              f"give the cache a folder of its own")
+    if info.st_mode & 0o077:
+        os.chmod(directory, PRIVATE_FOLDER)
+
+
+class ColumnarFileCache:
+    """A file_cache for load_trial (get and item assignment, as a dict) kept on disk as Arrow.
+
+    size_limit_bytes: past it, the least recently used files are removed (a hit refreshes a
+    file's time). keep_free_bytes: an entry is not written where the disk would keep less
+    free. Writing never fails a load: an entry that cannot be written is not kept.
+    """
+
+    def __init__(self, directory: str, size_limit_bytes: int = 2 * 2**30,
+                 keep_free_bytes: int = DEFAULT_KEEP_FREE_BYTES):
+        _private_folder(directory)
+        self.directory = directory
+        self.size_limit_bytes = size_limit_bytes
+        self.keep_free_bytes = keep_free_bytes
+        self._lock = threading.Lock()
+        self._written_since_cull = self.size_limit_bytes  # the first write checks the folder's size
+
+    def path_of(self, key: str) -> str:
+        name = key.split(":", 1)[-1]
+        if not name or not all(c in "0123456789abcdef" for c in name):
+            raise KeyError(key)  # load.py's keys are hex digests: nothing else names a file here
+        return os.path.join(self.directory, name + SUFFIX)
+
+    def get(self, key: str, default=None) -> ParsedEntry | None:
+        try:
+            path = self.path_of(key)
+        except KeyError:
+            return default
+        entry = self._read(path)
+        if entry is None:
+            return default
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: the last to be culled
+        return entry
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key) is not None
+
+    def _read(self, path: str) -> ParsedEntry | None:
+        try:
+            mapped = pa.memory_map(path, "r")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError:
+            return None
+        try:
+            entry = _decode(mapped.read_buffer())
+        except (pa.ArrowException, ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError,
+                json.JSONDecodeError):
+            entry = None
+        finally:
+            mapped.close()  # the table's buffers keep the mapping alive as long as they need it
+        if entry is None:  # damaged, or written by another version: gone, rebuilt by the next load
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        return entry
+
+    def __setitem__(self, key: str, entry: ParsedEntry) -> None:
+        path = self.path_of(key)
+        data = _encode(entry)
+        try:
+            if shutil.disk_usage(self.directory).free - len(data) < self.keep_free_bytes:
+                return
+            temporary = os.path.join(self.directory, f".{uuid.uuid4().hex}.tmp")
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
+            try:
+                with os.fdopen(descriptor, "wb") as out:
+                    out.write(data)
+                os.replace(temporary, path)  # whole or not at all, for every reader
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(temporary)
+                raise
+        except OSError:
+            return  # a full or read-only disk: the load goes on without keeping this file
+        with self._lock:
+            self._written_since_cull += len(data)
+            cull = self._written_since_cull >= self.size_limit_bytes // 8
+            if cull:
+                self._written_since_cull = 0
+        if cull:
+            self._cull()
+
+    def _cull(self) -> None:
+        """Removes the least recently used files until the folder holds size_limit_bytes."""
+        files = []
+        with contextlib.suppress(OSError), os.scandir(self.directory) as scan:
+            for item in scan:
+                if item.name.endswith(SUFFIX):
+                    with contextlib.suppress(OSError):
+                        info = item.stat()
+                        files.append((info.st_mtime_ns, info.st_size, item.path))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.size_limit_bytes:
+                break
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            total -= size
+
+
+def _encode(entry: ParsedEntry) -> bytes:
+    parsed = entry.parsed
+    meta = json.dumps({"digest": entry.digest.hex(), "nbytes": entry.nbytes,
+                       "lines_skipped": parsed.lines_skipped, "problems": parsed.problems}).encode()
+    table = parsed.table.replace_schema_metadata({_META: meta})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    body = sink.getvalue()
+    return _HEADER.pack(MAGIC, zlib.crc32(body), body.size) + body.to_pybytes()
+
+
+def _decode(buffer: pa.Buffer) -> ParsedEntry | None:
+    if buffer.size < _HEADER.size:
+        return None
+    magic, crc, length = _HEADER.unpack(buffer.slice(0, _HEADER.size).to_pybytes())
+    body = buffer.slice(_HEADER.size)
+    if magic != MAGIC or length != body.size or zlib.crc32(memoryview(body)) != crc:
+        return None
+    table = pa.ipc.open_file(body).read_all()
+    meta = json.loads(table.schema.metadata[_META])
+    table = table.replace_schema_metadata(None)
+    if not any(table.schema.equals(schema) for schema in _SCHEMAS):
+        return None  # columns of another version of the frames
+    parsed = ParsedFile(table, int(meta["lines_skipped"]), [str(p) for p in meta["problems"]])
+    return ParsedEntry(parsed, bytes.fromhex(meta["digest"]), int(meta["nbytes"]))

@@ -1,0 +1,194 @@
+"""Background callbacks (trial loads) run in at most `limit` processes at once; the others queue.
+
+Dash's DiskcacheManager forks a process for every background request at once: 200 load requests
+in 4 s made 149 processes reading at the same time (each holding what it reads), and a queued
+process still costs about 8 MB of its own. Here a request that finds every place taken waits in
+the shared job store, in order, holding no process; the page shows its place ("Queued (k
+ahead)"). The places and the queue are shared by every server process of one cache folder
+(gunicorn's workers): a request is started by the process it reached, once a place is free and
+no earlier request waits. Two requests for one trial still read it once: the second one's load
+waits for the first one's read (TrialCache's lock) and takes what it read.
+
+A queued request's job id is `q<ticket>`; the page polls with it as with a process id. A place
+of a process gone (a cancelled job is killed) is freed by the next process to look; a queued
+request of a server process gone is dropped (its page stops waiting, as for a killed job).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import dash
+import psutil
+
+from .cache import LOCK_EXPIRE_S, _lock_token, _process_alive
+
+log = logging.getLogger("dashboard.web")
+
+JOB_QUEUE = "job-queue"  # {ticket: [owner token, started pid (0: waiting, -1: starting), since]}
+JOB_TICKET = "job-ticket"  # the last ticket given
+DISPATCH_EVERY_S = 0.1
+STARTING_EXPIRE_S = 60  # a process that marked a place "starting" and never said its pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class QueueingManager(dash.DiskcacheManager):
+    """A DiskcacheManager that runs at most `limit` jobs at once (None: no limit).
+
+    queued_progress(ahead) gives the progress values shown for a job that waits with `ahead`
+    others before it, for the callbacks that report progress (this app's one: the load's)."""
+
+    def __init__(self, cache, limit: int | None, queued_progress: Callable[[int], list] | None = None):
+        self._reports: set[int] = set()  # id(job_fn) of the callbacks that report progress
+        super().__init__(cache)  # (registers the callbacks known so far: make_job_fn)
+        self.limit = limit
+        self.queued_progress = queued_progress
+        self._token = None  # this process's, made when it first queues (after gunicorn's fork)
+        self._pending: dict[int, tuple] = {}  # ticket -> the job's (key, job_fn, args, context)
+        self._told: dict[int, int] = {}  # ticket -> the place last shown
+        self._lock = threading.Lock()
+        self._dispatcher: threading.Thread | None = None
+
+    def make_job_fn(self, fn, progress, key=None):
+        job_fn = super().make_job_fn(fn, progress, key)
+        if progress:
+            self._reports.add(id(job_fn))
+        return job_fn
+
+    # --- starting -------------------------------------------------------------------------
+
+    def call_job_fn(self, key, job_fn, args, context):
+        if not self.limit:
+            return super().call_job_fn(key, job_fn, args, context)
+        with self._lock:
+            if self._token is None:
+                self._token = _lock_token()
+            with self.handle.transact():
+                queue = self.handle.get(JOB_QUEUE) or {}
+                ticket = self.handle.incr(JOB_TICKET)  # never one twice: a job id names one request
+                queue[ticket] = [self._token, 0, time.time()]
+                self.handle.set(JOB_QUEUE, queue)
+            self._pending[ticket] = (key, job_fn, args, context)
+            if self._dispatcher is None or not self._dispatcher.is_alive():
+                self._dispatcher = threading.Thread(target=self._dispatch_while_pending, name="job-queue",
+                                                    daemon=True)
+                self._dispatcher.start()
+        try:
+            self._dispatch()  # at once where a place is free
+        except Exception:  # noqa: BLE001 - a busy store: the dispatcher tries again in a moment
+            log.debug("starting a queued job failed; tried again", exc_info=True)
+        return f"q{ticket}"
+
+    def _dispatch_while_pending(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._dispatcher = None
+                    return
+            try:
+                self._dispatch()
+            except Exception:  # noqa: BLE001 - a busy or failing store: tried again next round
+                log.debug("dispatching queued jobs failed; tried again", exc_info=True)
+            time.sleep(DISPATCH_EVERY_S)
+
+    def _dispatch(self) -> None:
+        """Starts this process's waiting jobs whose turn it is; tells the others their place."""
+        with self._lock:
+            with self.handle.transact():
+                queue = self._live(self.handle.get(JOB_QUEUE) or {})
+                waiting = sorted(t for t, entry in queue.items() if entry[1] == 0)
+                free = max(0, self.limit - (len(queue) - len(waiting)))
+                # The first `free` in line start, each in the process that has it.
+                start = [t for t in waiting[:free] if queue[t][0] == self._token and t in self._pending]
+                for ticket in start:
+                    queue[ticket][1:] = [-1, time.time()]
+                self.handle.set(JOB_QUEUE, queue)
+            gone = [t for t in self._pending if t not in queue]  # cancelled (terminate_job) meanwhile
+            for ticket in gone:
+                self._pending.pop(ticket, None)
+                self._told.pop(ticket, None)
+            jobs = [(ticket, self._pending.pop(ticket)) for ticket in start]
+            for ticket in start:
+                self._told.pop(ticket, None)
+            # Each waiting job's place, told as it changes (under the lock: in the order found).
+            for ahead, ticket in enumerate(waiting):
+                pending = self._pending.get(ticket)
+                if pending is None or self._told.get(ticket) == ahead or self.queued_progress is None:
+                    continue
+                if id(pending[1]) in self._reports:
+                    self.handle.set(self._make_progress_key(pending[0]), self.queued_progress(ahead))
+                self._told[ticket] = ahead
+        for ticket, (key, job_fn, args, context) in jobs:
+            pid = super().call_job_fn(key, job_fn, args, context)  # (outside the transaction: a fork)
+            with self.handle.transact():
+                queue = self.handle.get(JOB_QUEUE) or {}
+                if ticket in queue:
+                    queue[ticket][1:] = [pid, time.time()]
+                    self.handle.set(JOB_QUEUE, queue)
+
+    @staticmethod
+    def _live(queue: dict) -> dict:
+        """The queue without the entries of processes gone: jobs that ended (or were killed),
+        and waiting requests of server processes that ended."""
+        now = time.time()
+        kept = {}
+        for ticket, (owner, pid, since) in queue.items():
+            if pid > 0:  # (a place older than a lock's expiry: its pid may be another process now)
+                live = _alive(pid) and now - since < LOCK_EXPIRE_S
+            elif pid < 0:
+                live = _process_alive(owner) and now - since < STARTING_EXPIRE_S
+            else:
+                live = _process_alive(owner)
+            if live:
+                kept[ticket] = [owner, pid, since]
+        return kept
+
+    # --- what the page's polls ask ---------------------------------------------------------
+
+    @staticmethod
+    def _ticket(job) -> int | None:
+        text = str(job)
+        return int(text[1:]) if text.startswith("q") and text[1:].isdigit() else None
+
+    def _entry(self, ticket: int):
+        return (self.handle.get(JOB_QUEUE) or {}).get(ticket)
+
+    def job_running(self, job):
+        ticket = self._ticket(job)
+        if ticket is None:
+            return super().job_running(job)
+        entry = self._entry(ticket)
+        if entry is None:
+            return False
+        owner, pid, since = entry
+        if pid > 0:
+            return _alive(pid)
+        return _process_alive(owner)
+
+    def terminate_job(self, job):
+        ticket = self._ticket(job)
+        if ticket is None:
+            return super().terminate_job(job)
+        with self.handle.transact():
+            queue = self.handle.get(JOB_QUEUE) or {}
+            entry = queue.pop(ticket, None)
+            self.handle.set(JOB_QUEUE, queue)
+        if entry is not None and entry[1] > 0:
+            super().terminate_job(entry[1])
+
+    def terminate_unhealthy_job(self, job):
+        ticket = self._ticket(job)
+        if ticket is None:
+            return super().terminate_unhealthy_job(job)
+        if not self.job_running(job):
+            self.terminate_job(job)
+            return True
+        return False
