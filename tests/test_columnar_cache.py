@@ -222,3 +222,16 @@ def test_a_cache_folder_of_another_user_is_refused(tmp_path):
     os.chown(directory, 65534, -1)  # nobody's: that user could put files here for the server to read
     with pytest.raises(PermissionError, match="another user"):
         ColumnarFileCache(str(directory))
+
+
+def test_analyze_with_a_cache_dir_prints_what_it_prints_without(tmp_path):
+    folder, _ = _trial(tmp_path)
+    directory = str(tmp_path / "columns")
+    command = [sys.executable, os.path.join(ROOT, "app.py"), "analyze", folder, "--json"]
+    plain = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    first = subprocess.run(command + ["--cache-dir", directory], capture_output=True, text=True, timeout=120,
+                           check=True).stdout
+    assert len(_cache_files(directory)) == len(_files_of(folder))  # written by the first
+    second = subprocess.run(command + ["--cache-dir", directory], capture_output=True, text=True, timeout=120,
+                            check=True).stdout  # read from the columns (the reopen test counts the reads)
+    assert json.loads(first) == json.loads(second) == json.loads(plain)

@@ -15,7 +15,6 @@ import sys
 
 import pytest
 
-import dashboard
 from dashboard import format as fmt
 from dashboard.collector.writer import SystemMetricsWriter, TraceWriter
 from dashboard.trial.frames import classify

@@ -94,3 +94,15 @@ def test_a_job_of_one_process_has_no_heatmap(tmp_path):
     write_trial(str(tmp_path), hosts=1)
     view = views.rank_heatmap_view(ranks.rank_waits(dashboard.load_trial(str(tmp_path)).framework), "host", None)
     assert view["class"] == "panel ranks hidden" and view["note"] == ""
+
+
+@pytest.mark.browser
+def test_the_heatmap_is_not_shown_for_one_process(dash_duo, tmp_path):
+    from dashboard.synthetic import write_trial
+
+    written = write_trial(str(tmp_path / "one"), hosts=1)
+    start(dash_duo, tmp_path, tmp_path / "one")
+    wait_loaded(dash_duo, len(written.of_kind("getnext")))
+    ranks_section = dash_duo.find_element("#ranks")
+    wait_until(lambda: "hidden" in ranks_section.get_attribute("class"), message="the ranks section's class")
+    assert not ranks_section.is_displayed()
