@@ -155,9 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--what-if", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                          help="predict the wait and training time with changed DataLoader settings "
                               "(num_workers, prefetch_factor, in_order, persistent_workers); repeatable")
-    analyze.add_argument("--max-bytes", type=int, help="refuse trials larger than this many bytes")
-    analyze.add_argument("--max-events", type=int, help="refuse trials with more events than this")
-    analyze.add_argument("--max-files", type=int, help="refuse trials with more files than this")
+    _add_limits(analyze)
     analyze.add_argument("--dask-scheduler", metavar="tcp://HOST:8786",
                          help="read and parse the trial's files as tasks of this dask.distributed scheduler's "
                               "workers (they read S3 with their own credentials; pip install -r "

@@ -46,14 +46,17 @@ PRIVATE_FOLDER, PRIVATE_FILE = 0o700, 0o600
 DEFAULT_KEEP_FREE_BYTES = 64 * 2**20
 
 
-def _private_folder(directory: str) -> None:
+def make_private_folder(directory: str) -> None:
+    """Makes `directory` (0700), or checks it: one that others may enter is made private, one
+    owned by another user refused (that user could put files there for the server to load).
+    The one check of every cache folder (the server's caches use it too)."""
     os.makedirs(directory, mode=PRIVATE_FOLDER, exist_ok=True)
     info = os.stat(directory)
     if info.st_uid != os.geteuid():
         raise PermissionError(f"the cache folder {directory} belongs to another user (uid {info.st_uid}); "
                               f"give the cache a folder of its own")
     if info.st_mode & 0o077:
-        os.chmod(directory, PRIVATE_FOLDER)
+        os.chmod(directory, PRIVATE_FOLDER)  # (a folder made before, or under a loose umask)
 
 
 class ColumnarFileCache:
@@ -66,7 +69,7 @@ class ColumnarFileCache:
 
     def __init__(self, directory: str, size_limit_bytes: int = 2 * 2**30,
                  keep_free_bytes: int = DEFAULT_KEEP_FREE_BYTES):
-        _private_folder(directory)
+        make_private_folder(directory)
         self.directory = directory
         self.size_limit_bytes = size_limit_bytes
         self.keep_free_bytes = keep_free_bytes

@@ -41,7 +41,7 @@ import diskcache
 
 from ..analysis import dataloader, diagnosis
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
-from ..trial.columnar_cache import ColumnarFileCache
+from ..trial.columnar_cache import PRIVATE_FILE, ColumnarFileCache, make_private_folder
 from ..trial.errors import NotATrialError
 from ..trial.load import Trial, load_trial
 from ..trial.frames import FRAMEWORK_COLUMNS, SYSTEM_COLUMNS
@@ -102,21 +102,6 @@ class _ForkGuard:
 
 
 FORK_GUARD = _ForkGuard()
-
-PRIVATE_FOLDER, PRIVATE_FILE = 0o700, 0o600
-
-
-def make_private_folder(directory: str) -> None:
-    """Makes `directory` (0700), or checks it: one that others may enter is made private, one
-    owned by another user refused (that user could put a pickle there for the server to load)."""
-    os.makedirs(directory, mode=PRIVATE_FOLDER, exist_ok=True)
-    info = os.stat(directory)
-    if info.st_uid != os.geteuid():
-        raise PermissionError(f"the cache folder {directory} belongs to another user (uid {info.st_uid}); "
-                              f"give the server a folder of its own")
-    if info.st_mode & 0o077:
-        os.chmod(directory, PRIVATE_FOLDER)  # (a folder made before, or under a loose umask)
-
 
 # What the cache leaves free on its disk, of its own values: the background jobs' store (each
 # load's progress and result, Dash's signing secret) is in the same folder, and on a full disk
