@@ -231,7 +231,8 @@ def serve(args) -> int:
         log.warning("--dev-debug: the Dash debugger is on; anyone who can reach %s:%s can run code",
                     options.host, options.port)
         app.logger.propagate = False  # Dash prints its own line; the root handler would print it again
-        app.run(host=options.host, port=options.port, debug=True)
+        # The debugger only ever from the explicit --dev-debug flag (off by default).
+        app.run(host=options.host, port=options.port, debug=options.dev_debug)
         return 0
     run_server(app, options.host, options.port)
     return 0
