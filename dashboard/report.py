@@ -82,8 +82,7 @@ def not_recorded_anywhere(trial) -> bool:
     trial): counts of those are unknown (null), not zero."""
     if not trial.not_recorded:
         return False
-    framework_processes = {str(n) for n in trial.framework["process"].unique()}
-    return framework_processes <= set(trial.kineto_processes)
+    return {p.id for p in trial.processes} <= set(trial.kineto_processes)
 
 
 def process_dict(process) -> dict:
@@ -355,10 +354,6 @@ def signed_duration(delta: float | None, before: float | None = None) -> str:
     return ("+" if delta > 0 else "") + duration_s(delta) + ("" if percent is None else f" ({percent:+.1f} %)")
 
 
-def _setting_text(value) -> str:
-    return value if isinstance(value, str) else str(value)
-
-
 def compare_text(a: TrialAnalysis, b: TrialAnalysis, comparison=None) -> str:
     """The readable form of `compare`: B against A, then each run's summary."""
     if comparison is None:
@@ -385,8 +380,8 @@ def compare_text(a: TrialAnalysis, b: TrialAnalysis, comparison=None) -> str:
     lines.append("DataLoader settings changed:" if changed else
                  "DataLoader settings changed: none (where both runs record them)")
     for item in changed:
-        lines.append(f"  {item['loader']} on {item['node']}: {item['key']} {_setting_text(item['a'])} -> "
-                     f"{_setting_text(item['b'])}")
+        lines.append(f"  {item['loader']} on {item['node']}: {item['key']} {str(item['a'])} -> "
+                     f"{str(item['b'])}")
     for pair in comparison.loaders:
         if pair.a is not None and pair.b is not None:
             parts = [f"{PART_WORDS[p]} {duration_s(pair.a.parts[p])} -> {duration_s(pair.b.parts[p])}"

@@ -26,6 +26,7 @@ import pandas as pd
 from .. import format as fmt
 from .dataloader import iterator_classes
 from .diagnosis import WHAT_IF_KEYS, Assessment, LoaderBudget
+from ..trial.load import processes_of
 
 NOT_RECORDED = "not recorded"
 # The DataLoader settings compared, in the order they are listed. The what-if replays all but
@@ -91,22 +92,14 @@ def loader_class(label: str) -> str:
     return _LABEL_SUFFIX.sub("", label)
 
 
-def _ranks(framework: pd.DataFrame) -> dict:
-    """Each process's training rank (None where the trial does not know it)."""
-    if "rank" not in framework.columns or framework.empty:
-        return {}
-    known = framework[["process", "rank"]].dropna().drop_duplicates("process")
-    return {str(p): int(r) for p, r in zip(known["process"], known["rank"])}
-
-
 def _matcher(a: Side, b: Side):
     """How loaders' processes are matched: by process id when the runs share their ids (ranks
     of a distributed job), else by host and rank (a process id that is a pid differs from run
     to run)."""
     if {item.process for item in a.assessment.budget} == {item.process for item in b.assessment.budget}:
         return lambda side, item: item.process
-    ranks = {id(a): _ranks(a.framework), id(b): _ranks(b.framework)}
-    return lambda side, item: (item.node, ranks[id(side)].get(item.process))
+    ranks_a, ranks_b = ({p.id: p.rank for p in processes_of(side.framework)} for side in (a, b))
+    return lambda side, item: (item.node, (ranks_a if side is a else ranks_b).get(item.process))
 
 
 def _inits(framework: pd.DataFrame) -> pd.DataFrame:

@@ -81,6 +81,11 @@ def labels(values: pd.Series, label=str, missing: str = "") -> pd.Series:
     return pd.Series(per_value[codes], index=values.index, dtype=object)
 
 
+def loader_name(cls: str) -> str:
+    """An iterator class as the diagnosis names loaders: without Kineto's 'enumerate(...)#'."""
+    return cls.split("#", 1)[1] if cls.startswith("enumerate(") else cls
+
+
 def iterator_classes(names: pd.Series) -> pd.Series:
     """iterator_class of each name."""
     return labels(names, iterator_class)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .. import format as fmt
-from .dataloader import iterator_class, iterator_segments, labels
+from .dataloader import iterator_class, iterator_segments, labels, loader_name
 
 
 @dataclass
@@ -44,11 +44,6 @@ class BatchBuckets:
     first: np.ndarray  # the index in LoaderBatches of each one's first batch
 
 
-def _loader_name(cls: str) -> str:
-    """An iterator class as the diagnosis names loaders: without Kineto's 'enumerate(...)#'."""
-    return cls.split("#", 1)[1] if cls.startswith("enumerate(") else cls
-
-
 def loader_batches(framework: pd.DataFrame, iterator: str | None = None, process: str | None = None,
                    node: str | None = None) -> LoaderBatches:
     """The batches of the GetNexts of one iterator class (as a loader names it:
@@ -58,7 +53,7 @@ def loader_batches(framework: pd.DataFrame, iterator: str | None = None, process
     calls = framework[is_call]
     keep = np.ones(len(calls), dtype=bool)
     if iterator is not None:
-        keep &= labels(calls["name"], lambda name: _loader_name(iterator_class(name))).to_numpy() == iterator
+        keep &= labels(calls["name"], lambda name: loader_name(iterator_class(name))).to_numpy() == iterator
     if process is not None and "process" in calls:
         keep &= calls["process"].astype(str).to_numpy() == str(process)
     if node is not None:

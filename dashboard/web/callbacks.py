@@ -119,13 +119,18 @@ def _shown_window(trigger, clicks) -> tuple[int, int] | None:
         return None
 
 
-def _rank_waits(context: Context, key: str, whole=None):
+def _rank_waits(context: Context, key: str):
     """The per-rank summaries of a loaded trial (analysis.ranks), once per trial; None when the
-    trial is no longer in the cache."""
-    whole = whole if whole is not None else context.cache.trial(key)
-    if whole is None:
+    trial is no longer in the cache. The trial itself is fetched only when they are not kept."""
+    def compute():
+        whole = context.cache.trial(key)
+        if whole is None:
+            raise TrialEvicted(key)
+        return ranks.rank_waits(whole.framework)
+    try:
+        return context.cache.memo(f"rank-waits:{key}", compute)
+    except TrialEvicted:
         return None
-    return context.cache.memo(f"rank-waits:{key}", lambda: ranks.rank_waits(whole.framework))
 
 
 def register_callbacks(app, context: Context) -> None:
@@ -455,10 +460,9 @@ def register_callbacks(app, context: Context) -> None:
         if not store or not store.get("key"):
             return no_update, no_update, no_update
         try:
-            whole = context.cache.trial(store["key"])
-            if whole is None:
+            waits = _rank_waits(context, store["key"])
+            if waits is None:
                 return no_update, no_update, no_update
-            waits = _rank_waits(context, store["key"], whole)
             shown = None
             if window and window.get("key") == store["key"]:
                 shown = (int(window["start_us"]), int(window["end_us"]))

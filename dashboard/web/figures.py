@@ -990,7 +990,7 @@ def what_if_figure_spec(rows: list[dict]) -> dict:
 
 # The two runs of a comparison, wherever they are drawn: A (before) grey-blue, B (after) orange
 # (Okabe-Ito: told apart with any common colour-vision deficiency).
-RUN_COLORS = {"A": "#0072B2", "B": "#E69F00"}
+RUN_COLORS = {"A": PALETTE[0], "B": PALETTE[1]}
 
 
 def overlaid_distributions_spec(series: dict, title: str) -> dict:

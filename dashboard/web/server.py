@@ -81,9 +81,7 @@ class ServerOptions:
 
     def host_allow_list(self) -> list[str] | None:
         """The Host names requests may carry; None: any."""
-        hosts = self.allowed_hosts
-        if hosts is None:
-            hosts = LOOPBACK_HOSTS if _is_loopback(self.host) else [ANY_HOST]
+        hosts = self.allowed_hosts if self.allowed_hosts is not None else _default_hosts([self.host])
         return None if ANY_HOST in hosts else list(hosts)
 
     @property

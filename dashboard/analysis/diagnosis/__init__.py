@@ -119,12 +119,7 @@ def _unique(items: list[WhatIf]) -> list[WhatIf]:
     return out
 
 
-def verdict(framework: pd.DataFrame) -> Verdict:
-    """The trial's verdict alone."""
-    return trial_verdict(loaders_module.processes(framework, pd.DataFrame()))
-
-
 __all__ = ["Assessment", "LoaderBudget", "PARTS", "Recommendation", "Verdict", "WhatIf", "assess",
-           "classify_input_percent", "parse_what_if", "validate_what_if", "verdict", "WHAT_IF_KEYS", "CLASS_HIGHLY",
+           "classify_input_percent", "parse_what_if", "validate_what_if", "WHAT_IF_KEYS", "CLASS_HIGHLY",
            "CLASS_MODERATELY", "CLASS_NOT", "HIGHLY_INPUT_BOUND_PERCENT", "MODERATELY_INPUT_BOUND_PERCENT",
            "MIN_SHARE_OF_JOB"]

@@ -20,6 +20,7 @@ steps has 100,000 iterators.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -27,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from ... import format as fmt
-from ..dataloader import iterator_classes, iterator_segments, labels
+from ...trial.load import processes_of
+from ..dataloader import iterator_classes, iterator_segments, labels, loader_name
 
 # Torch's default prefetch_factor with workers (DataLoader.__init__).
 TORCH_DEFAULT_PREFETCH = 2
@@ -56,7 +58,7 @@ class Loader:
     @property
     def name(self) -> str:
         """The iterator class, without Kineto's 'enumerate(DataLoader)#' prefix."""
-        return self.cls.split("#", 1)[1] if self.cls.startswith("enumerate(") else self.cls
+        return loader_name(self.cls)
 
     @property
     def label(self) -> str:
@@ -395,13 +397,14 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame) -> list[ProcessTrai
         return []
     calls_all = _calls_frame(framework)
     inits_all = _inits_frame(framework)
-    fw_process = framework["process"]
-    identity = framework.drop_duplicates("process").set_index("process")[["node", "rank"]]
-    per_host = identity.groupby("node", observed=True).size()
+    identity = {p.id: p for p in processes_of(framework)}
+    per_host = Counter(p.node for p in identity.values())
+    # Each process's rows, found in one pass (not one scan of the frame per process).
+    rows_of = framework.groupby("process", observed=True, sort=False).indices
     out = []
     for process, process_calls in calls_all.groupby("process", sort=True):
-        mine = (fw_process == process).to_numpy()
-        process_fw = framework if mine.all() else framework[mine]  # one process: no copy
+        rows = rows_of[process]
+        process_fw = framework if len(rows) == len(framework) else framework.iloc[rows]  # one process: no copy
         starts, ends = _training_steps(process_fw)
         process_calls = process_calls.sort_values(["segment", "start_us"], kind="stable")
         own = _own_steps(process_calls, starts, ends)
@@ -415,11 +418,9 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame) -> list[ProcessTrai
         windows, estimated, segment_windows = _windows(process_calls, training, starts, ends, steps_matched,
                                                        _epoch_ends(process_fw))
         inits = inits_all[(inits_all["process"] == process).to_numpy()]
-        host = str(identity.at[process, "node"])
-        rank = identity.at[process, "rank"]
-        rank = None if pd.isna(rank) else int(rank)
+        host, rank = identity[process].node, identity[process].rank
         pid = int(process_calls["pid"].iloc[0])
-        label = host if per_host.get(host, 1) <= 1 else f"{host} {'rank %d' % rank if rank is not None else 'pid %d' % pid}"
+        label = host if per_host[host] <= 1 else f"{host} {'rank %d' % rank if rank is not None else 'pid %d' % pid}"
         cpu, iowait, cores, gpus = _system_series(system, host)
         span = int(process_fw["end_us"].max() - process_fw["start_us"].min())
         fetches = process_fw[(process_fw["kind"] == fmt.KIND_FETCH).to_numpy()][
