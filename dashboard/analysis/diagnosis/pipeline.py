@@ -86,7 +86,8 @@ class Settings:
 class PipelineModel:
     """One loader as the pipeline model sees it. Arrays are per batch, in iterator order."""
     settings: Settings
-    delivery_us: float
+    delivery_us: float  # what a GetNext of a batch its worker had finished costs (median)
+    delivery_base_us: float  # of it, delivery itself: the short ones' median (see build)
     service_measured: bool  # fetch events (collector) gave the service times
     cpu_measured: bool  # fetch events carried the worker's CPU time
     cores: int | None
@@ -143,11 +144,20 @@ class PipelineModel:
             return self.cores_for_workers
         demand = self.mean_cpu_us / max(self.mean_cpu_us + self.mean_latency_us, 1e-9)  # runnable share
 
+        def runnable(count: int) -> float:
+            return count * demand + self.other_cores + self.main_cores
+
         def share(count: int) -> float:
-            return count * demand / max(count * demand + self.other_cores + self.main_cores, 1e-9)
+            return count * demand / max(runnable(count), 1e-9)
 
         scaled = self.cores_for_workers * share(workers) / max(share(today), 1e-9)
-        return max(MIN_WORKER_CORES, min(scaled, self.cores - self.main_cores))
+        # The main process keeps its share of the same fair scheduling, no more: capping the
+        # workers at the cores less all of today's main-process use (as once) gave more
+        # workers fewer cores than today's on a quiet saturated host, and predicted a
+        # slowdown where the re-runs gained (2 -> 4 workers on 2 cores: -0.08 predicted,
+        # +0.01..+0.08 measured in 5 pairs).
+        main_keeps = self.main_cores * runnable(today) / max(runnable(workers), 1e-9)
+        return max(MIN_WORKER_CORES, min(scaled, self.cores - main_keeps))
 
     def stretch(self, workers: int) -> float:
         """How much the computing part of a fetch stretches with `workers` workers."""
@@ -295,7 +305,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     measured = False
     if not workers:  # the main process loads each batch inside next()
         service = wait.copy()
-        delivery = 0.0
+        delivery = delivery_base = 0.0
     elif matched is not None and matched["duration_us"].notna().mean() >= 0.5:
         fetch_start = matched["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
         fetch_end = matched["end_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -303,9 +313,19 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         cpu = matched["cpu_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
         runq = matched["runq_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
         ready_before = np.isfinite(fetch_end) & (fetch_end <= ask)
+        # A batch whose fetch had ended before the ask still waits for its hand-over: the
+        # worker's queue thread pickles it and passes its shared memory, and on a worker
+        # that computes in Python that thread first waits for the GIL the next sample holds
+        # (the switch interval, 5 ms: with sys.setswitchinterval(0.0005) the cpu scenario's
+        # ready batches waited 1.2-2.5 ms instead of 6.1-6.6). The replay charges every
+        # batch the median (what a ready batch costs today); the short ones are the cost
+        # of delivery itself, which no change of the samples' work removes.
         delivery = _median(wait[ready_before]) if ready_before.any() else None
         if delivery is None:
             delivery = _delivery_from_waits(wait)
+            delivery_base = delivery
+        else:
+            delivery_base = min(delivery, _delivery_from_waits(wait[ready_before]))
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
         for w in range(workers):
@@ -322,7 +342,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
             service[firsts] = np.where(recreated[seg], np.fmin(service[firsts], med), service[firsts])
         measured = True
     else:
-        delivery = _delivery_from_waits(wait)
+        delivery = delivery_base = _delivery_from_waits(wait)
     if workers and not measured:
         service, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
@@ -382,7 +402,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         other_cores = max(0.0, util / 100.0 * cores - (worker_cores or 0.0) - main_cores)
 
     model = PipelineModel(
-        settings=settings, delivery_us=float(delivery), service_measured=measured, cpu_measured=cpu_measured,
+        settings=settings, delivery_us=float(delivery), delivery_base_us=float(delivery_base),
+        service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
         runq_us=runq if contention is not None else np.full(n, np.nan), recreated=recreated, startup_us=startup,
