@@ -45,8 +45,7 @@ def _analyze(args) -> int:
 
             dask_client = connect(args.dask_scheduler)
         result = analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor,
-                         max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files,
-                         file_cache=file_cache, dask_client=dask_client)
+                         file_cache=file_cache, dask_client=dask_client, **_load_options(args))
     except TrialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -95,7 +94,7 @@ def _compare(args) -> int:
     from dashboard.api import compare
     from dashboard.report import compare_dict, compare_text
 
-    limits = dict(max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files)
+    limits = _load_options(args)
     results = []
     for path in (args.a, args.b):
         result, status = _load_or_fail(path, lambda p: analyze(p, **limits))
@@ -119,7 +118,7 @@ def _export(args) -> int:
     if args.end_us <= args.start_us:
         print("error: --end-us must be after --start-us", file=sys.stderr)
         return 2
-    limits = dict(max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files)
+    limits = _load_options(args)
     trial, status = _load_or_fail(args.trial, lambda p: load_trial(p, **limits))
     if trial is None:
         return status
@@ -134,6 +133,13 @@ def _export(args) -> int:
         print(f"error: {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _load_options(args) -> dict:
+    """What every command's load takes: its limits, and the cores to parse a large local trial
+    on (load_trial's processes: a command runs no other thread, so it may fork)."""
+    return dict(max_bytes=args.max_bytes, max_events=args.max_events, max_files=args.max_files,
+                processes=os.cpu_count())
 
 
 def _add_limits(parser) -> None:

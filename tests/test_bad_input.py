@@ -25,6 +25,7 @@ from dashboard.synthetic import write_trial
 from dashboard.trial.errors import NotATrialError
 from dashboard.trial.load import load_trial
 from tests.conftest import ROOT
+from tests.forked_load import kept
 
 NOT_A_TRIAL_FILE = r"^not a trial file \(unknown name or suffix\)$"
 # A JSON file off the convention is looked at as a possible PyTorch profiler trace first.
@@ -394,6 +395,15 @@ def test_broken_trial_keeps_every_valid_event(tmp_path, case):
     assert report.lines_skipped == sum(count for count, _ in broken.lines.values())
     assert report.files_read == (len(synthetic.framework_files) + len(synthetic.system_files)
                                  + broken.read_delta)
+
+    # The same files parsed in worker processes (a large trial's load from the command line)
+    # keep and report exactly the same.
+    forked = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "forked_load.py"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert forked.returncode == 0, forked.stderr
+    forked_kept = json.loads(forked.stdout)
+    assert forked_kept.pop("forked") == [2]
+    assert forked_kept == json.loads(json.dumps(kept(trial)))
 
     done = run_analyze(str(tmp_path))
     assert done.returncode == 0, done.stderr

@@ -319,3 +319,29 @@ def test_a_failed_load_leaves_nothing_in_the_file_cache(tmp_path):
     with pytest.raises(TrialError, match="cannot reach"):
         load_trial(folder, store=FailingStore(LocalStore(folder)), file_cache=file_cache, threads=1)
     assert file_cache == {}
+
+
+def test_a_process_with_other_threads_parses_in_itself_never_forking(tmp_path, monkeypatch):
+    # A fork copies the locks other threads hold (a server's, a test session's), and the copy
+    # never unlocks: with another thread running, processes= is ignored.
+    import threading
+
+    from dashboard.trial import load
+
+    write_trial(str(tmp_path), epochs=1)
+    monkeypatch.setattr(load, "PROCESS_PARSE_MIN_BYTES", 0)
+
+    def no_fork(self, processes):
+        raise AssertionError("forked from a process with other threads")
+
+    monkeypatch.setattr(load.ForkedParsers, "__init__", no_fork)
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert not load.ForkedParsers.usable()
+        trial = load_trial(str(tmp_path), processes=2)
+    finally:
+        release.set()
+        other.join()
+    assert len(trial.framework) == len(load_trial(str(tmp_path)).framework) > 0

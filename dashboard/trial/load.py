@@ -8,7 +8,8 @@ import os
 import posixpath
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterable, Iterator, MutableMapping, Sequence
@@ -26,7 +27,7 @@ from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
 from .kineto_format import JSON_FILE_RE, NOT_A_TRACE, is_kineto_key, parse_kineto_pieces
 from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, decompress, duration_text,
                              parse_system_file, parse_trace_file)
-from .store import READ_THREADS, FileInfo, S3Store, Store, fingerprint, open_store
+from .store import READ_THREADS, FileInfo, LocalStore, S3Store, Store, fingerprint, open_store
 
 FRAMEWORK, SYSTEM = "framework", "system"
 KINETO = "kineto"  # a torch.profiler trace: framework rows, node read from the file
@@ -343,6 +344,36 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
         raise
 
 
+# A local trial this large is parsed in worker processes when the caller asks for them: the
+# parse holds the GIL (msgspec, Arrow arrays from Python values), so threads do not overlap
+# it. bench/parse_speed.py, the 300k trial's 88 MB on 2 cores: 1.02 s in one process, 1.12 s in
+# 2 threads, 0.69 s in 2 forked processes; below this size starting them is most of the gain.
+PROCESS_PARSE_MIN_BYTES = 32 << 20
+
+
+class ForkedParsers:
+    """Worker processes that read and parse a local trial's files (parse_file_of_trial), as a
+    Dask cluster's workers would: the load submits to either the same way. Forked, so that
+    they start in milliseconds with the modules imported, and only from a process that runs no
+    other thread (a fork copies the locks other threads hold, and the copy never unlocks):
+    usable() says whether that holds now."""
+
+    def __init__(self, processes: int):
+        self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"))
+        # Forks them all now, before the load starts its reading threads.
+        self._pool.submit(int).result()
+
+    @staticmethod
+    def usable() -> bool:
+        return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+
+    def submit(self, fn, *args, pure: bool = False):  # (pure: Dask's keyword, meaningless here)
+        return self._pool.submit(fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def parse_file_of_trial(path: str, info: FileInfo, kind: str, node: str, max_bytes: int | None,
                         ) -> tuple[ParsedFile, bytes | None, int]:
     """Reads and parses one file of the trial at `path` (a store's canonical_path), as a Dask
@@ -454,7 +485,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
                max_events: int | None = None, max_files: int | None = None, threads: int | None = None,
                on_progress: Progress | None = None, store: Store | None = None,
                files: list[FileInfo] | None = None, file_cache: MutableMapping | None = None,
-               dask_client=None) -> Trial:
+               dask_client=None, processes: int | None = None) -> Trial:
     """Read a trial from a local folder or `s3://bucket/prefix`.
 
     Raises a TrialError subclass naming the path when the trial cannot be read; bad
@@ -473,6 +504,9 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         cluster's workers, which open the trial themselves (an S3 trial with their own credential
         chain) and return Arrow tables. Without one, the scheduler DASHBOARD_DASK_SCHEDULER names,
         when set (dask_cluster.client_from_environment); else here, by the same code.
+    processes: parse a local trial of PROCESS_PARSE_MIN_BYTES or more in this many forked
+        worker processes (ForkedParsers), when this process runs no other thread (a command
+        line, not a threaded server); else, and by default, in this process.
     """
     store = store or open_store(path, roots=roots, s3_client=s3_client, s3_buckets=s3_buckets)
     files = store.list() if files is None else files
@@ -503,6 +537,21 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         raise TrialTooLargeError(f"{path}: trial is {size_text(total_bytes)}, over the limit of "
                                  f"{size_text(max_bytes)}")
 
+    parsers = None
+    if (dask_client is None and processes is not None and processes > 1 and isinstance(store, LocalStore)
+            and total_bytes >= PROCESS_PARSE_MIN_BYTES and ForkedParsers.usable()):
+        parsers = ForkedParsers(min(processes, len(jobs)))
+        threads = max(threads, processes)  # one waiting on each process
+    try:
+        return _load(path, store, files, jobs, report, guard_limits=(max_bytes, max_events), threads=threads,
+                     on_progress=on_progress, file_cache=file_cache, cluster=dask_client or parsers)
+    finally:
+        if parsers is not None:
+            parsers.shutdown()
+
+
+def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progress, file_cache, cluster) -> Trial:
+    max_bytes, max_events = guard_limits
     read: list[tuple[str, str, pa.Table]] = []  # (key, kind, table) of each file read with rows
     guard = _LoadGuard(path, max_bytes, max_events)
     first_copy: dict[bytes, str] = {}  # content digest -> key of the first file holding it
@@ -511,7 +560,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
     # A .tmp file is still being written: its next version is another one, never worth keeping.
     cache_keys = [_file_cache_key(store.canonical_path, info)
                   if file_cache is not None and not info.key.endswith(".tmp") else None for info, _, _ in jobs]
-    futures = [pool.submit(_parse_one, store, info, kind, node, guard, file_cache, cache_key, dask_client)
+    futures = [pool.submit(_parse_one, store, info, kind, node, guard, file_cache, cache_key, cluster)
                for (info, kind, node), cache_key in zip(jobs, cache_keys)]
     try:
         for done, ((info, kind, _), cache_key, future) in enumerate(zip(jobs, cache_keys, futures), 1):

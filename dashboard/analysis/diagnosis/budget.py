@@ -30,7 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
+# scipy.special's binomial tail, not scipy.stats.binom: the same function, and importing
+# scipy.stats cost 0.54 s of every `analyze` process (scipy.special: 0.13 s).
+from scipy.special import bdtrc
 
 from .loaders import Loader, ProcessTraining, merge
 from .pipeline import READY_SLACK_US, PipelineModel
@@ -123,7 +125,7 @@ def _slow_worker(model: PipelineModel, base: np.ndarray, tail_mask: np.ndarray) 
     if len(stalls) >= MIN_TAIL_FOR_TEST:
         counts = np.bincount(stalls[stalls >= 0], minlength=workers)
         k = int(np.argmax(counts))
-        p_value = float(min(1.0, workers * stats.binom.sf(counts[k] - 1, len(stalls), 1.0 / workers)))
+        p_value = float(min(1.0, workers * bdtrc(counts[k] - 1, len(stalls), 1.0 / workers)))
         evidence.update({"stalls_on_worker": int(counts[k]), "stalls_total": int(len(stalls)),
                          "p_value": float(f"{p_value:.3g}")})
         if p_value < SLOW_WORKER_P_VALUE and model.service_measured is False:

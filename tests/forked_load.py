@@ -1,0 +1,49 @@
+"""Loads a trial with its files parsed in forked worker processes (load.ForkedParsers), whatever
+its size, and prints what the load kept as JSON: the tests compare it with a load in one
+process. Run as a script, in a process of its own: forking needs a process without threads,
+which a test session (S3 server, browsers) is not.
+
+    python tests/forked_load.py TRIAL
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dashboard.trial import load  # noqa: E402
+
+
+def kept(trial) -> dict:
+    """A load's events, system samples and report, in a form JSON keeps exactly."""
+    fw, report = trial.framework, trial.report
+    return {
+        "events": sorted(zip(fw["process"].astype(str), fw["name"].astype(str), fw["start_us"].tolist(),
+                             fw["end_us"].tolist())),
+        "system": len(trial.system),
+        "files_read": report.files_read,
+        "lines_skipped": report.lines_skipped,
+        "files_skipped": sorted((s.path, s.reason) for s in report.files_skipped),
+        "files_with_skipped_lines": sorted((s.path, s.reason) for s in report.files_with_skipped_lines),
+    }
+
+
+def main() -> int:
+    load.PROCESS_PARSE_MIN_BYTES = 0
+    forked = []
+    original = load.ForkedParsers.__init__
+
+    def counting(self, processes):
+        forked.append(processes)
+        original(self, processes)
+
+    load.ForkedParsers.__init__ = counting
+    trial = load.load_trial(sys.argv[1], processes=2)
+    print(json.dumps({"forked": forked, **kept(trial)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
