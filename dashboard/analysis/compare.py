@@ -18,7 +18,6 @@ part of a prediction. Pure: assessments and frames in, a result out.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -34,7 +33,6 @@ NOT_RECORDED = "not recorded"
 SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "in_order", "persistent_workers")
 RESOLVED, REMAINING, NEW = "resolved", "remaining", "new"
 # A budget's loader label is '<iterator class> (num_workers=...)' (diagnosis.loaders.Loader.label).
-_LABEL_SUFFIX = re.compile(r" \([^()]*\)$")
 
 
 @dataclass(frozen=True)
@@ -87,11 +85,6 @@ class Comparison:
     note: str = ""  # why there is no prediction, when there is none
 
 
-def loader_class(label: str) -> str:
-    """The iterator class of a budget's loader label."""
-    return _LABEL_SUFFIX.sub("", label)
-
-
 def _matcher(a: Side, b: Side):
     """How loaders' processes are matched: by process id when the runs share their ids (ranks
     of a distributed job), else by host and rank (a process id that is a pid differs from run
@@ -118,7 +111,7 @@ def _recorded_value(rows: pd.DataFrame, column: str):
 def loader_settings(item: LoaderBudget, inits: pd.DataFrame) -> dict:
     """A training loader's DataLoader settings as the run recorded them (NOT_RECORDED where
     its iterator initializations do not say), persistence also as re-creations show it."""
-    rows = inits[((inits["cls"] == loader_class(item.loader))
+    rows = inits[((inits["cls"] == item.iterator)
                   & (inits["process"].astype(str) == item.process)).to_numpy()]
     workers = item.evidence.get("num_workers")
     if workers is not None and rows["num_workers"].notna().any():
@@ -147,19 +140,19 @@ def _pairs(a: Side, b: Side) -> list[LoaderPair]:
     inits_a, inits_b = _inits(a.framework), _inits(b.framework)
     left: dict[tuple, list[LoaderBudget]] = {}
     for item in b.assessment.budget:
-        left.setdefault((key_of(b, item), loader_class(item.loader)), []).append(item)
+        left.setdefault((key_of(b, item), item.iterator), []).append(item)
     matched = []
     for item in a.assessment.budget:
-        key = (key_of(a, item), loader_class(item.loader))
+        key = (key_of(a, item), item.iterator)
         matched.append([item, left[key].pop(0) if left.get(key) else None])
     by_class: dict[str, list[LoaderBudget]] = {}
     for (_, cls), items in left.items():
         by_class.setdefault(cls, []).extend(items)
     for pair in matched:
-        cls = loader_class(pair[0].loader)
+        cls = pair[0].iterator
         if pair[1] is None and by_class.get(cls):
             pair[1] = by_class[cls].pop(0)
-    pairs = [LoaderPair(item.node, loader_class(item.loader), item, other, loader_settings(item, inits_a),
+    pairs = [LoaderPair(item.node, item.iterator, item, other, loader_settings(item, inits_a),
                         loader_settings(other, inits_b) if other is not None else {}) for item, other in matched]
     for cls, items in by_class.items():
         pairs += [LoaderPair(item.node, cls, None, item, {}, loader_settings(item, inits_b)) for item in items]

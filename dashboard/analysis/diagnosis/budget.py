@@ -74,6 +74,7 @@ class LoaderBudget:
     slow_worker: int | None = None
     windows: dict = field(default_factory=dict)  # part -> [(start_us, end_us), ...] to show it
     tail_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the tail's batches
+    iterator: str = ""  # the loader's iterator class (Loader.name), which `loader` also names
 
     @property
     def largest(self) -> str:
@@ -252,7 +253,7 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
     seconds["residual"] = round(round(wait / 1e6, 6) - sum(v for k, v in seconds.items() if k != "residual"), 6)
     tail_rows = np.flatnonzero(tail_mask) if workers else np.zeros(0, dtype=np.int64)
     return LoaderBudget(process.host, loader.process, loader.label, round(training_us / 1e6, 6), round(wait / 1e6, 6), seconds,
-                        bound, evidence, slow, windows, tail_rows)
+                        bound, evidence, slow, windows, tail_rows, loader.name)
 
 
 def unmodelled_budget(process: ProcessTraining, loader: Loader) -> LoaderBudget:
@@ -269,7 +270,8 @@ def unmodelled_budget(process: ProcessTraining, loader: Loader) -> LoaderBudget:
     return LoaderBudget(process.host, loader.process, loader.label, round(loader_training_us(process, loader) / 1e6, 6),
                         round(loader.wait_us / 1e6, 6), parts, "unknown",
                         {"batches": int(len(calls)), "iterators": int(loader.segments), "num_workers": None,
-                         "note": "num_workers is not recorded: the pipeline model cannot be replayed"})
+                         "note": "num_workers is not recorded: the pipeline model cannot be replayed"},
+                        iterator=loader.name)
 
 
 def _residual(model: PipelineModel, g: np.ndarray, throughput: float, steady: np.ndarray) -> float:
