@@ -114,6 +114,17 @@ def iso_utc(us) -> str:
 MAX_NAME_CHARS = 22
 
 
+def worker_text(value) -> str:
+    """Which process made a batch: a worker's id; -1, the collector's mark for a batch loaded
+    in the training process (num_workers=0); missing where the profiler does not record it
+    (Kineto)."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):  # None, NaN, pandas' NA
+        return "worker not recorded"
+    return "main process" if number < 0 else f"worker {number}"
+
+
 def short_name(name: str, limit: int = MAX_NAME_CHARS) -> str:
     """A long class name as a narrow column writes it (its whole name goes in a tooltip):
     torch's iterator classes without the private underscore and the 'DataLoader' every one

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from .api import TrialAnalysis
-from .display import duration_s, duration_us, iso_utc  # noqa: F401  (iso_utc: the report's moments, re-exported)
+from .display import duration_s, duration_us, iso_utc, worker_text  # noqa: F401  (iso_utc: the report's moments, re-exported)
 
 
 def _num(value):
@@ -292,7 +292,7 @@ def to_text(result: TrialAnalysis, max_rows: int = 10, what_if: list[dict] | tup
             lines.append("")
             lines.append(f"{title} outliers (> {result.dataloader.outlier_factor:g} x median): {len(rows)}")
             for row in rows[:max_rows]:
-                extra = f" worker {row['worker_id']}" if "worker_id" in row else ""
+                extra = f" {worker_text(row['worker_id'])}" if "worker_id" in row else ""
                 lines.append(f"  {iso_utc(row['start_us'])} .. {iso_utc(row['end_us'])} "
                              f"{duration_us(row['duration_us'])}{extra} {_who(row)}")
     batch = data["batchtime"]

@@ -161,3 +161,32 @@ def test_every_event_kind_has_its_own_colour_that_colour_blind_readers_tell_apar
         labs = {k: _lab(v, matrix) for k, v in drawn.items()}
         closest = min((float(np.linalg.norm(labs[a] - labs[b])), a, b) for a, b in itertools.combinations(labs, 2))
         assert closest[0] >= 15, (name, closest)
+
+
+def test_a_batch_says_which_process_made_it_in_words():
+    import pandas as pd
+
+    from dashboard.display import worker_text
+
+    assert worker_text(3) == "worker 3"
+    assert worker_text(-1) == "main process"  # the collector's mark for num_workers=0
+    for missing in (None, float("nan"), pd.NA):
+        assert worker_text(missing) == "worker not recorded"
+
+
+def test_the_text_report_names_a_main_process_batch_so():
+    # A num_workers=0 loader's slow batch is the main process's, never "worker -1": the
+    # bundled sample's validation loader reads in the main process, and its slow samples
+    # (examples/sample-trial/record.py: every 97th index) make some of its batches outliers.
+    import os
+
+    from dashboard import analyze
+    from dashboard.report import to_text
+    from tests.conftest import ROOT
+
+    result = analyze(os.path.join(ROOT, "examples", "sample-trial", "trial"))
+    main_process = result.getnext.outliers["worker_id"] < 0
+    assert main_process.any()
+    text = to_text(result, max_rows=len(result.getnext.outliers))
+    assert "worker -1" not in text
+    assert text.count(" main process ") >= int(main_process.sum())

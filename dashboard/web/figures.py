@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from .. import format as fmt
 from ..analysis import decimate
 from ..analysis.dataloader import BatchTimeResult, DurationStats, InitializationResult, Window, ints_or
-from ..display import TIME_ZONE, axis_unit, duration_s, duration_us, durations_us, number_text, short_name
+from ..display import TIME_ZONE, axis_unit, duration_s, duration_us, durations_us, number_text, short_name, worker_text
 
 MAX_POINTS = 50_000
 OVERVIEW_COARSE_BUCKETS = 600
@@ -170,7 +170,7 @@ def _event_hover(frame: pd.DataFrame):
                                           part["worker_id"].tolist(), part["duration_us"].tolist()):
             text = f"{plain(name)}<br>{duration_us(dur)}<br>pid {'?' if pid is pd.NA else pid}"
             if worker is not pd.NA:
-                text += f", worker {worker}"
+                text += f", {worker_text(worker)}"
             out.append(text)
         return out
     return hover
@@ -665,10 +665,6 @@ def overview_figure(series: OverviewSeries, window: tuple[int, int] | None = Non
 
 # --- the four panels -------------------------------------------------------------------------
 
-def _worker_label(value) -> str:
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return "worker not recorded"  # Kineto traces do not record which worker made a batch
-    return "main process" if int(value) < 0 else f"worker {int(value)}"
 
 
 def _duration_axis(values_us) -> tuple:
@@ -776,7 +772,7 @@ def getnext_timeline(getnext: DurationStats, outlier_factor: float) -> go.Figure
         mask = workers == worker
         x, y = x_all[mask], y_all[mask]
         keep = decimate.minmax_indices(x, y, buckets)
-        label = _worker_label(None if worker == -2 else worker)
+        label = worker_text(None if worker == -2 else worker)
         fig.add_trace(go.Scattergl(x=us_to_ms(x[keep]), y=y[keep] / unit.us, mode="markers", name=label,
                                    marker={"size": 4, "color": PALETTE[i % len(PALETTE)]},
                                    hovertext=durations_us(y[keep]), hoverinfo="text+name"))
