@@ -23,6 +23,7 @@ import pandas as pd
 
 from . import findings as finding_modules
 from . import loaders as loaders_module
+from .loaders import ProcessTraining, process_order as _process_order
 from .budget import PARTS, LoaderBudget, budget as loader_budget, unmodelled_budget
 from .findings import MAX_LISTED, MIN_SHARE_OF_JOB, LoaderContext, Recommendation, rank
 from .findings.straggler import stragglers
@@ -74,39 +75,73 @@ def _merge_processes(found: list[Recommendation], labels: dict[str, str]) -> lis
     return merged
 
 
-def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float | None = None) -> Assessment:
-    """The trial's verdict, each host's and process's, the wait budgets and the recommendations.
+@dataclass
+class ProcessAssessment:
+    """One process's part of an assessment: its budgets, findings and what-ifs, and the
+    process without its per-batch frames (ProcessTraining.compact). A rank's work: computed
+    where its events are (a worker that loaded only that rank), combined anywhere (combine)."""
+    process: ProcessTraining
+    found: list[Recommendation]
+    budget: list[LoaderBudget]
+    asked: list[WhatIf]
+    models: list[PipelineModel | None]
 
-    `outlier_factor` is accepted for the callers' sake; the budget's own rules decide."""
-    processes = loaders_module.processes(framework, system)
+
+def assess_process(process: ProcessTraining) -> ProcessAssessment:
+    """The budgets and findings of one process's training loaders."""
+    process.verdict = process_verdict(process)
     found: list[Recommendation] = []
     budgets: list[LoaderBudget] = []
     asked: list[WhatIf] = []
     models: list[PipelineModel | None] = []
-    for process in processes:
-        process.verdict = process_verdict(process)
-        for loader in process.loaders:
-            if loader.num_workers is None and loader.multi_process:
-                inferred = infer_workers(loader)
-                if inferred is not None:
-                    loader = dataclasses.replace(loader, num_workers=inferred, num_workers_inferred=True)
-            replays = loader.num_workers is not None
-            model = build(loader, process) if replays else None
-            item = loader_budget(process, loader, model) if model is not None else unmodelled_budget(process, loader)
-            budgets.append(item)
+    for loader in process.loaders:
+        if loader.num_workers is None and loader.multi_process:
+            inferred = infer_workers(loader)
+            if inferred is not None:
+                loader = dataclasses.replace(loader, num_workers=inferred, num_workers_inferred=True)
+        replays = loader.num_workers is not None
+        model = build(loader, process) if replays else None
+        item = loader_budget(process, loader, model) if model is not None else unmodelled_budget(process, loader)
+        budgets.append(item)
 
-            def what_if(change, model=model, item=item):
-                return predict(model, item, change)
+        def what_if(change, model=model, item=item):
+            return predict(model, item, change)
 
-            ctx = LoaderContext(process, loader, model, item, what_if)
-            found += finding_modules.find(ctx)
-            asked += ctx.asked
-            models.append(model.compact() if model is not None else None)
+        ctx = LoaderContext(process, loader, model, item, what_if)
+        found += finding_modules.find(ctx)
+        asked += ctx.asked
+        models.append(model.compact() if model is not None else None)
+    return ProcessAssessment(process.compact(), found, budgets, asked, models)
+
+
+def assess_processes(framework: pd.DataFrame, system: pd.DataFrame,
+                     processes_per_host: dict[str, int] | None = None) -> list[ProcessAssessment]:
+    """Each training process's part of the assessment of these frames (all of a trial, or the
+    rows of some of its processes, with the whole trial's processes_per_host)."""
+    return [assess_process(p) for p in loaders_module.processes(framework, system, processes_per_host)]
+
+
+def combine(parts: list[ProcessAssessment]) -> Assessment:
+    """The assessment of a trial from its processes' parts: the verdicts over all of them,
+    one finding per kind and loader, and the stragglers among them. The same as assess() on
+    the whole trial, whichever worker computed each part."""
+    parts = sorted(parts, key=lambda part: _process_order(part.process))
+    processes = [part.process for part in parts]
+    found = [item for part in parts for item in part.found]
     hosts = sorted({p.host for p in processes})
     merged = _merge_processes(found, {p.id: p.label for p in processes})
     merged = sorted(stragglers(processes) + merged, key=rank)
     return Assessment(trial_verdict(processes), {h: trial_verdict([p for p in processes if p.host == h]) for h in hosts},
-                      merged, budgets, _unique(asked), models, {p.id: p.verdict for p in processes})
+                      merged, [b for part in parts for b in part.budget],
+                      _unique([w for part in parts for w in part.asked]),
+                      [m for part in parts for m in part.models], {p.id: p.verdict for p in processes})
+
+
+def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float | None = None) -> Assessment:
+    """The trial's verdict, each host's and process's, the wait budgets and the recommendations.
+
+    `outlier_factor` is accepted for the callers' sake; the budget's own rules decide."""
+    return combine(assess_processes(framework, system))
 
 
 def _unique(items: list[WhatIf]) -> list[WhatIf]:
@@ -119,7 +154,7 @@ def _unique(items: list[WhatIf]) -> list[WhatIf]:
     return out
 
 
-__all__ = ["Assessment", "LoaderBudget", "PARTS", "Recommendation", "Verdict", "WhatIf", "assess",
+__all__ = ["Assessment", "ProcessAssessment", "assess_process", "assess_processes", "combine", "LoaderBudget", "PARTS", "Recommendation", "Verdict", "WhatIf", "assess",
            "classify_input_percent", "parse_what_if", "validate_what_if", "WHAT_IF_KEYS", "CLASS_HIGHLY",
            "CLASS_MODERATELY", "CLASS_NOT", "HIGHLY_INPUT_BOUND_PERCENT", "MODERATELY_INPUT_BOUND_PERCENT",
            "MIN_SHARE_OF_JOB"]

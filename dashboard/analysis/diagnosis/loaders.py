@@ -19,6 +19,8 @@ steps has 100,000 iterators.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -124,6 +126,23 @@ class ProcessTraining:
     @cached_property
     def training_calls(self) -> pd.DataFrame:
         return self.calls[np.isin(self.calls["segment"].to_numpy(), self.training_segments)]
+
+    @cached_property
+    def training_getnext_us(self) -> int:
+        """The wait of its training GetNexts, in all (the verdict's numerator)."""
+        return int(self.training_calls["duration_us"].sum())
+
+    def compact(self) -> "ProcessTraining":
+        """The process without its per-batch frames: what combining processes' assessments
+        reads (identity, verdict, training windows, the host's CPU series), small enough to
+        send from the worker that assessed it."""
+        out = dataclasses.replace(self, calls=self.calls.iloc[:0], inits=self.inits.iloc[:0], loaders=[],
+                                  fetches=self.fetches.iloc[:0])
+        # (cached_property keeps its value in the instance's __dict__: carried over, not recomputed
+        # from the emptied frames)
+        out.__dict__["training_getnext_us"] = self.training_getnext_us
+        out.__dict__["training_cpu_percent"] = self.training_cpu_percent
+        return out
 
 
 # --- intervals ---------------------------------------------------------------------------
@@ -391,14 +410,22 @@ def _epoch_ends(framework: pd.DataFrame) -> pd.Series:
     return series[~series.index.duplicated(keep="last")]
 
 
-def processes(framework: pd.DataFrame, system: pd.DataFrame) -> list[ProcessTraining]:
-    """The processes that trained (had GetNexts), by host, rank and pid."""
+def processes(framework: pd.DataFrame, system: pd.DataFrame,
+              processes_per_host: dict[str, int] | None = None) -> list[ProcessTraining]:
+    """The processes that trained (had GetNexts), by host, rank and pid.
+
+    processes_per_host: how many processes each host of the whole trial has, when `framework`
+    holds only some of them (one rank's work): the labels name a rank only on a host of
+    several, as they do on the whole trial."""
     if not (framework["kind"] == fmt.KIND_GETNEXT).any():
         return []
     calls_all = _calls_frame(framework)
     inits_all = _inits_frame(framework)
     identity = {p.id: p for p in processes_of(framework)}
     per_host = Counter(p.node for p in identity.values())
+    if processes_per_host is not None:
+        per_host.update({host: count - per_host[host] for host, count in processes_per_host.items()
+                         if count > per_host[host]})
     # Each process's rows, found in one pass (not one scan of the frame per process).
     rows_of = framework.groupby("process", observed=True, sort=False).indices
     out = []
@@ -428,6 +455,10 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame) -> list[ProcessTrai
         out.append(ProcessTraining(process, host, rank, pid, label, span, process_calls, inits, training, windows,
                            has_steps, steps_matched, estimated, segment_windows,
                            _loaders(process, process_calls, inits, training), cpu, iowait, cores, gpus, fetches))
-    far = 2**62
-    out.sort(key=lambda p: (p.host, far if p.rank is None else p.rank, p.pid, p.id))
+    out.sort(key=process_order)
     return out
+
+
+def process_order(process: ProcessTraining) -> tuple:
+    """Processes in the order every result lists them: by host, then rank (unranked last), pid, id."""
+    return process.host, 2**62 if process.rank is None else process.rank, process.pid, process.id

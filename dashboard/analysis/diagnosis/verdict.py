@@ -69,12 +69,11 @@ def _make_verdict(getnext_us: int, training_us: int, basis: str) -> Verdict:
 
 
 def process_verdict(process: ProcessTraining) -> Verdict:
-    getnext = int(process.training_calls["duration_us"].sum())
-    return _make_verdict(getnext, process.training_us, _basis([process]))
+    return _make_verdict(process.training_getnext_us, process.training_us, _basis([process]))
 
 
 def trial_verdict(processes: list[ProcessTraining]) -> Verdict:
     if not processes:
         return Verdict(None, None, "no GetNext events: nothing to judge by")
-    getnext = sum(int(n.training_calls["duration_us"].sum()) for n in processes)
+    getnext = sum(n.training_getnext_us for n in processes)
     return _make_verdict(getnext, sum(n.training_us for n in processes), _basis(processes))
