@@ -8,6 +8,9 @@ storage), written once and cached under bench/out/. Each run is a fresh process:
   heat map:  what the page's callback does once loaded: `views.rank_heatmap_view` (120
              buckets over the whole job, the window marked), median of 20 calls;
   diagnosis: `diagnosis.assess`, the verdict per host and rank and the straggler findings;
+  by rank:   `per_rank.analyze_by_rank` (each rank summarised, then combined) against
+             `dataloader.analyze` of the whole frame, the same numbers, and the summaries'
+             bytes against the frame's (memory_usage(deep=True));
   peak RSS of the process.
 Target: the heat map draws in <= 300 ms of server time once loaded.
 
@@ -36,7 +39,7 @@ JOB = dict(writer="write_job", hosts=8, ranks_per_host=8, epochs=2, steps=14_000
 
 def child(folder: str) -> None:
     import dashboard
-    from dashboard.analysis import diagnosis, ranks
+    from dashboard.analysis import dataloader, diagnosis, per_rank, ranks
     from dashboard.web import views
 
     started = time.perf_counter()
@@ -55,8 +58,20 @@ def child(folder: str) -> None:
     started = time.perf_counter()
     assessment = diagnosis.assess(trial.framework, trial.system)
     assess_s = time.perf_counter() - started
+    started = time.perf_counter()
+    whole = dataloader.analyze(trial.framework)
+    analyze_s = time.perf_counter() - started
+    started = time.perf_counter()
+    by_rank = per_rank.analyze_by_rank(trial)
+    by_rank_s = time.perf_counter() - started
+    assert (by_rank.getnext.count, by_rank.getnext.median_us, by_rank.batchtime.median_s, len(by_rank.getnext.outliers)) \
+        == (whole.getnext.count, whole.getnext.median_us, whole.batchtime.median_s, len(whole.getnext.outliers))
+    summaries = per_rank.summarise_by_rank(trial)  # those combined, a slow rank's summarised again
+    summary_mb = sum(s.nbytes for s in summaries) / 2**20
+    frame_mb = trial.framework.memory_usage(deep=True).sum() / 2**20
     print(json.dumps({"load_s": load_s, "summaries_s": summaries_s, "heatmap_s": statistics.median(calls),
-                      "assess_s": assess_s, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "assess_s": assess_s, "analyze_s": analyze_s, "by_rank_s": by_rank_s,
+                      "summary_mb": summary_mb, "frame_mb": frame_mb, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "getnext": int((trial.framework["kind"] == "getnext").sum()), "ranks": len(waits.processes),
                       "hours": (trial.end_us - trial.start_us) / 3.6e9,
                       "stragglers": [(r.id, r.evidence.get("rank"), r.evidence.get("node"))
@@ -81,6 +96,9 @@ def main() -> int:
     for key, unit in (("load_s", "s"), ("summaries_s", "s"), ("heatmap_s", "s"), ("assess_s", "s"),
                       ("peak_mb", "MB")):
         print(f"  {key:<12} {spread([r[key] for r in runs])} {unit}", flush=True)
+    print(f"  by rank      analyze_by_rank {spread([r['by_rank_s'] for r in runs])} s vs analyze "
+          f"{spread([r['analyze_s'] for r in runs])} s; summaries {spread([r['summary_mb'] for r in runs], 1)} MB "
+          f"vs frame {spread([r['frame_mb'] for r in runs], 1)} MB", flush=True)
     return 0
 
 

@@ -44,7 +44,12 @@ def outlier_threshold(values: pd.Series, factor: float = DEFAULT_OUTLIER_FACTOR)
 
 def outliers(frame: pd.DataFrame, column: str, factor: float) -> pd.DataFrame:
     """Rows of `frame` whose `column` is above the threshold, longest first."""
-    threshold = outlier_threshold(frame[column], factor)
+    return rows_above(frame, column, outlier_threshold(frame[column], factor))
+
+
+def rows_above(frame: pd.DataFrame, column: str, threshold: float | None) -> pd.DataFrame:
+    """Rows of `frame` whose `column` is above `threshold` (none when it is None), longest
+    first, equal values in the frame's order."""
     if threshold is None:
         return frame.iloc[0:0]
     found = frame[frame[column] > threshold]
@@ -254,7 +259,18 @@ def iterator_segments(framework: pd.DataFrame) -> pd.Series:
 
 def analyze_batchtime(framework: pd.DataFrame,
                       factor: float = DEFAULT_OUTLIER_FACTOR) -> BatchTimeResult:
-    """BatchTime_in_seconds: start of the next GetNext minus start of this one, per iterator.
+    """BatchTime_in_seconds: start of the next GetNext minus start of this one, per iterator
+    (see batch_times)."""
+    batches = batch_times(framework)
+    return BatchTimeResult(
+        count=len(batches), median_s=_median(batches["batch_time_s"]),
+        outliers=outliers(batches, "batch_time_s", factor)[BATCH_OUTLIER_COLUMNS],
+        batches=batches)
+
+
+def batch_times(framework: pd.DataFrame) -> pd.DataFrame:
+    """Every GetNext that has a next one in its iterator, with its batch time, by start (then
+    process, pid and frame order).
 
     Each batch is attributed to the interval [this start, next start]: the time the training
     loop spent on this batch, fetch included. The last GetNext of an iterator has none.
@@ -271,10 +287,7 @@ def analyze_batchtime(framework: pd.DataFrame,
         "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
         **{name: framework[name].array.take(rows) for name in ("pid", "node", "rank", "worker_id")},
         "segment": found.segment[:-1][has_next][by_start]}, columns=columns)
-    return BatchTimeResult(
-        count=len(batches), median_s=_median(batches["batch_time_s"]),
-        outliers=outliers(batches, "batch_time_s", factor)[BATCH_OUTLIER_COLUMNS],
-        batches=batches)
+    return batches
 
 
 def _matches_any(values: pd.Series, patterns: Sequence[str]) -> pd.Series:
