@@ -38,14 +38,25 @@ def _analyze(args) -> int:
         except OSError as exc:
             print(f"error: --cache-dir: {exc}", file=sys.stderr)
             return 2
+    whole_job = args.node is None and args.rank is None
+    if args.by_rank and not whole_job:
+        print("error: --by-rank analyzes the whole job: leave out --node and --rank", file=sys.stderr)
+        return 2
     try:
         dask_client = None
         if args.dask_scheduler:
             from dashboard.trial.dask_cluster import connect
 
             dask_client = connect(args.dask_scheduler)
-        result = analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor,
-                         file_cache=file_cache, dask_client=dask_client, **_load_options(args))
+        if args.by_rank or (dask_client is not None and whole_job):
+            from dashboard.by_rank import analyze_by_rank
+
+            options = _load_options(args)
+            result = analyze_by_rank(args.trial, client=dask_client, processes=options.pop("processes"),
+                                     outlier_factor=args.outlier_factor, cache_dir=args.cache_dir, **options)
+        else:
+            result = analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor,
+                             file_cache=file_cache, dask_client=dask_client, **_load_options(args))
     except TrialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -168,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "requirements-dask.txt); default: DASHBOARD_DASK_SCHEDULER, else here")
     analyze.add_argument("--cache-dir", help="keep each file's parse as Arrow columns in this folder: the next "
                          "analyze of the trial reads them instead of the JSON (files that changed are read again)")
+    analyze.add_argument("--by-rank", action="store_true",
+                         help="analyze one rank at a time, each in a worker process (with --dask-scheduler, on "
+                              "the cluster's workers, which is the default there): no process holds the whole "
+                              "trial's events; the answers are the same")
     compare = sub.add_parser("compare", help="compare run B with run A: what changed, and did it do what "
                                              "A's what-if predicted")
     compare.add_argument("a", help="the run before the change: a local folder or s3://bucket/prefix")

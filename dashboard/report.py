@@ -115,7 +115,7 @@ def to_dict(result: TrialAnalysis, what_if: list[dict] | tuple = ()) -> dict:
         "not_recorded": list(trial.not_recorded),
         "not_recorded_processes": list(trial.kineto_processes),
         "not_recorded_nodes": sorted({p.node for p in processes if p.id in trial.kineto_processes}),
-        "nodes": trial.nodes,  # the hosts
+        "nodes": list(trial.nodes),  # the hosts
         "processes": [process_dict(p) for p in processes],
         "files": trial.report.to_dict(),
         "lines_skipped": trial.report.lines_skipped,

@@ -1,4 +1,4 @@
-"""Loads a trial with its files parsed in forked worker processes (load.ForkedParsers), whatever
+"""Loads a trial with its files parsed in forked worker processes (load.ForkedWorkers), whatever
 its size, and prints what the load kept as JSON: the tests compare it with a load in one
 process. Run as a script, in a process of its own: forking needs a process without threads,
 which a test session (S3 server, browsers) is not.
@@ -33,13 +33,13 @@ def kept(trial) -> dict:
 def main() -> int:
     load.PROCESS_PARSE_MIN_BYTES = 0
     forked = []
-    original = load.ForkedParsers.__init__
+    original = load.ForkedWorkers.__init__
 
     def counting(self, processes):
         forked.append(processes)
         original(self, processes)
 
-    load.ForkedParsers.__init__ = counting
+    load.ForkedWorkers.__init__ = counting
     trial = load.load_trial(sys.argv[1], processes=2)
     print(json.dumps({"forked": forked, **kept(trial)}))
     return 0

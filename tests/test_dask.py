@@ -72,6 +72,27 @@ def test_a_local_cluster_of_two_worker_processes_reads_the_trial_from_s3(s3_tria
         assert len(pids) == 2 and os.getpid() not in pids
 
 
+def test_per_rank_work_runs_on_the_cluster_and_gives_the_local_answers(s3_trial, monkeypatch):
+    # Each rank's files read, summarised and assessed by a worker: this process reads none of
+    # them (a load here would fail), and the report is the local analysis's.
+    from distributed import Client, LocalCluster
+
+    from dashboard import analyze, by_rank
+    from dashboard.report import to_dict
+
+    local = to_dict(analyze(PATH))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        def no_load_here(*args, **kwargs):
+            raise AssertionError("a rank's files were read by the caller")
+
+        monkeypatch.setattr(by_rank, "load_trial", no_load_here)
+        ranked = to_dict(by_rank.analyze_by_rank(PATH, client=client))
+    assert ranked["lines_skipped"] == local["lines_skipped"] == 1
+    assert ranked["getnext"] == local["getnext"] and ranked["verdict"] == local["verdict"]
+    assert ranked == local
+
+
 def _wait_for_workers(address: str, count: int, timeout_s: float = 60):
     from distributed import Client
 

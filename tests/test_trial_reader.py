@@ -334,12 +334,12 @@ def test_a_process_with_other_threads_parses_in_itself_never_forking(tmp_path, m
     def no_fork(self, processes):
         raise AssertionError("forked from a process with other threads")
 
-    monkeypatch.setattr(load.ForkedParsers, "__init__", no_fork)
+    monkeypatch.setattr(load.ForkedWorkers, "__init__", no_fork)
     release = threading.Event()
     other = threading.Thread(target=release.wait)
     other.start()
     try:
-        assert not load.ForkedParsers.usable()
+        assert not load.ForkedWorkers.usable()
         trial = load_trial(str(tmp_path), processes=2)
     finally:
         release.set()

@@ -49,12 +49,23 @@ class LoadReport:
     lines_skipped: int = 0
     # Files read with some lines skipped: (path, reason).
     files_with_skipped_lines: list[SkippedFile] = field(default_factory=list)
+    # Which files were read, and the lines skipped in each: a report can be narrowed to some
+    # of its files (restricted_to), as per-rank work needs for the files several ranks read.
+    read_paths: list[str] = field(default_factory=list, repr=False)
+    lines_skipped_by_path: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def complete(self) -> bool:
         """Whether every file the listing named was read or skipped for good (a bad file, not
         one missing or unreadable at the moment): only a complete load is worth caching."""
         return not any(skipped.transient for skipped in self.files_skipped)
+
+    def restricted_to(self, paths: set[str]) -> "LoadReport":
+        """The report of these files alone."""
+        read = [p for p in self.read_paths if p in paths]
+        by_path = {p: n for p, n in self.lines_skipped_by_path.items() if p in paths}
+        return LoadReport(len(read), [f for f in self.files_skipped if f.path in paths], sum(by_path.values()),
+                          [f for f in self.files_with_skipped_lines if f.path in paths], read, by_path)
 
     def to_dict(self) -> dict:
         return {"read": self.files_read,
@@ -163,8 +174,104 @@ def processes_of(framework: pd.DataFrame) -> list[Process]:
         at = first_main.get(code, row)
         out.append(Process(str(nodes[row]), str(process.categories[code]), known(pids[at]), known(ranks[row]),
                            known(locals_[row])))
+    return sorted(out, key=process_order)
+
+
+def process_order(process: Process) -> tuple:
+    """How every list of processes is ordered: by host, then rank, then pid (unknowns last)."""
     far = 2**62
-    return sorted(out, key=lambda p: (p.node, far if p.rank is None else p.rank, p.pid or far, p.id))
+    return process.node, far if process.rank is None else process.rank, process.pid or far, process.id
+
+
+@dataclass(frozen=True)
+class TrialFacts:
+    """What a trial's results say of the trial itself, without its frames (report.to_dict
+    reads these of a Trial too): per-rank work returns the facts of its share of the files,
+    and merge_facts joins them."""
+    path: str
+    format: str
+    processes: tuple[Process, ...]
+    nodes: tuple[str, ...]
+    report: LoadReport
+    kineto_processes: tuple[str, ...]
+    start_us: int | None
+    end_us: int | None
+
+    @property
+    def not_recorded(self) -> tuple[str, ...]:
+        return KINETO_NOT_RECORDED if self.kineto_processes else ()
+
+
+def facts_of(trial: Trial) -> TrialFacts:
+    return TrialFacts(trial.path, trial.format, tuple(trial.processes), tuple(trial.nodes), trial.report,
+                      tuple(trial.kineto_processes), trial.start_us, trial.end_us)
+
+
+def merge_facts(path: str, parts: Sequence[TrialFacts], report: LoadReport) -> TrialFacts:
+    """The facts of a trial read in parts; `report` holds what the parts did not read (files no
+    part was given), and gains theirs, files in path order."""
+    for part in parts:
+        report.files_read += part.report.files_read
+        report.lines_skipped += part.report.lines_skipped
+        report.files_skipped += part.report.files_skipped
+        report.files_with_skipped_lines += part.report.files_with_skipped_lines
+        report.read_paths += part.report.read_paths
+        report.lines_skipped_by_path.update(part.report.lines_skipped_by_path)
+    report.files_skipped.sort(key=lambda s: s.path)
+    report.files_with_skipped_lines.sort(key=lambda s: s.path)
+    formats = {part.format for part in parts}
+    starts = [p.start_us for p in parts if p.start_us is not None]
+    ends = [p.end_us for p in parts if p.end_us is not None]
+    return TrialFacts(path, formats.pop() if len(formats) == 1 else "mixed",
+                      tuple(sorted({p for part in parts for p in part.processes}, key=process_order)),
+                      tuple(sorted({n for part in parts for n in part.nodes})), report,
+                      tuple(sorted({p for part in parts for p in part.kineto_processes})),
+                      min(starts) if starts else None, max(ends) if ends else None)
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """The files of some of a trial's processes: their framework files and their hosts' system
+    files, which load_trial(path, files=...) reads as a trial of its own."""
+    processes: tuple[str, ...]
+    files: tuple[FileInfo, ...]
+    owned: frozenset[str]  # the keys whose report is this group's (a host's system files: one group's)
+
+
+def rank_files(files: Sequence[FileInfo]) -> tuple[list[RankFiles], dict[str, int]]:
+    """A trial's files by process, and how many processes each host has: one group per
+    process whose framework files name it (the reference's <END_US>_<NODE>_... names), with
+    its host's system files. A trial with torch.profiler traces (whose processes only their
+    content names) or with files of no process is one group. ({}: the counts are unknown.)"""
+    framework: dict[str, list[FileInfo]] = {}
+    system: dict[str, list[FileInfo]] = {}
+    for info in files:
+        found = classify_key(info.key)
+        if found is None:
+            continue
+        kind, name = found
+        if kind == KINETO:
+            return [_whole(files)], {}
+        (framework if kind == FRAMEWORK else system).setdefault(name, []).append(info)
+    if not framework:
+        return [_whole(files)], {}
+    hosts: dict[str, int] = {}
+    for process in framework:
+        hosts[frames.host_of(process)] = hosts.get(frames.host_of(process), 0) + 1
+    groups, reported = [], set()
+    for process, mine in sorted(framework.items()):
+        host = frames.host_of(process)
+        shared = system.get(host, [])
+        owned = {info.key for info in mine} | (set() if host in reported else {info.key for info in shared})
+        reported.add(host)
+        groups.append(RankFiles((process,), tuple(mine) + tuple(shared), frozenset(owned)))
+    # System files of a host without training processes: a group of their own.
+    groups += [_whole(mine) for host, mine in sorted(system.items()) if host not in hosts]
+    return groups, hosts
+
+
+def _whole(files: Sequence[FileInfo]) -> RankFiles:
+    return RankFiles((), tuple(files), frozenset(info.key for info in files))
 
 
 def classify_key(key: str) -> tuple[str, str] | None:
@@ -351,9 +458,10 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
 PROCESS_PARSE_MIN_BYTES = 32 << 20
 
 
-class ForkedParsers:
-    """Worker processes that read and parse a local trial's files (parse_file_of_trial), as a
-    Dask cluster's workers would: the load submits to either the same way. Forked, so that
+class ForkedWorkers:
+    """Worker processes for a command's work: reading and parsing a local trial's files
+    (parse_file_of_trial), or a rank's whole analysis (dashboard/by_rank.py), as a Dask
+    cluster's workers would do it: work is submitted to either the same way. Forked, so that
     they start in milliseconds with the modules imported, and only from a process that runs no
     other thread (a fork copies the locks other threads hold, and the copy never unlocks):
     usable() says whether that holds now."""
@@ -505,7 +613,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         chain) and return Arrow tables. Without one, the scheduler DASHBOARD_DASK_SCHEDULER names,
         when set (dask_cluster.client_from_environment); else here, by the same code.
     processes: parse a local trial of PROCESS_PARSE_MIN_BYTES or more in this many forked
-        worker processes (ForkedParsers), when this process runs no other thread (a command
+        worker processes (ForkedWorkers), when this process runs no other thread (a command
         line, not a threaded server); else, and by default, in this process.
     """
     store = store or open_store(path, roots=roots, s3_client=s3_client, s3_buckets=s3_buckets)
@@ -539,8 +647,8 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
 
     parsers = None
     if (dask_client is None and processes is not None and processes > 1 and isinstance(store, LocalStore)
-            and total_bytes >= PROCESS_PARSE_MIN_BYTES and ForkedParsers.usable()):
-        parsers = ForkedParsers(min(processes, len(jobs)))
+            and total_bytes >= PROCESS_PARSE_MIN_BYTES and ForkedWorkers.usable()):
+        parsers = ForkedWorkers(min(processes, len(jobs)))
         threads = max(threads, processes)  # one waiting on each process
     try:
         return _load(path, store, files, jobs, report, guard_limits=(max_bytes, max_events), threads=threads,
@@ -578,10 +686,12 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
                 report.files_skipped.append(SkippedFile(info.key, reason, parsed.transient))
             else:
                 report.files_read += 1
+                report.read_paths.append(info.key)
                 if parsed.table is not None:
                     read.append((info.key, kind, parsed.table))
             if parsed.lines_skipped and original == info.key:
                 report.lines_skipped += parsed.lines_skipped
+                report.lines_skipped_by_path[info.key] = parsed.lines_skipped
                 report.files_with_skipped_lines.append(
                     SkippedFile(info.key, "; ".join(parsed.problems) or "bad lines"))
             if on_progress is not None:
