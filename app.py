@@ -108,9 +108,13 @@ def _compare(args) -> int:
     limits = _load_options(args)
     results = []
     for path in (args.a, args.b):
-        result, status = _load_or_fail(path, lambda p: analyze(p, **limits))
+        result, status = _load_or_fail(path, lambda p: analyze(p, node=args.node, rank=args.rank, **limits))
         if result is None:
             return status
+        if result.trial.framework.empty:
+            scope = " ".join(f"--{k} {v}" for k, v in (("node", args.node), ("rank", args.rank)) if v is not None)
+            print(f"error: {path}: no events of {scope}", file=sys.stderr)
+            return 2
         results.append(result)
     comparison, status = _load_or_fail(args.b, lambda _: compare(*results))
     if comparison is None:
@@ -188,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("a", help="the run before the change: a local folder or s3://bucket/prefix")
     compare.add_argument("b", help="the run after it")
     compare.add_argument("--json", action="store_true", help="print one JSON object")
+    compare.add_argument("--node", help="only this host, or one process by its id, in both runs")
+    compare.add_argument("--rank", type=int, help="only this training rank, in both runs")
     _add_limits(compare)
     export = sub.add_parser("export", help="write a window of a trial as a Chrome/Perfetto JSON trace")
     export.add_argument("trial", help="trial path: a local folder or s3://bucket/prefix")

@@ -57,3 +57,37 @@ def test_comparing_a_trial_with_itself_changes_nothing(two_runs):
     assert data["settings_changed"] == [] and data["predicted"] is None
     assert {f["status"] for f in data["findings"]} <= {"remaining"}
     assert all(f["saving_s_a"] == f["saving_s_b"] for f in data["findings"])
+
+
+def test_compare_scoped_to_one_rank_compares_that_ranks_loaders_only(tmp_path):
+    # Two runs of an 8-rank job, the second with its slow rank fixed: compared on that rank,
+    # its own loader is the one pair, and its wait fell; on the whole job every rank pairs.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    synthetic.write_job(a, hosts=2, ranks_per_host=4, steps=40, slow_rank=5, seed=1)
+    synthetic.write_job(b, hosts=2, ranks_per_host=4, steps=40, seed=1)
+
+    def run(*extra):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "app.py"), "compare", a, b, "--json", *extra],
+                              capture_output=True, text=True, timeout=120)
+        return done.returncode, done.stdout, done.stderr
+
+    code, out, err = run("--rank", "5")
+    assert code == 0, err
+    scoped = json.loads(out)
+    for side in ("a", "b"):
+        (budget,) = scoped[side]["budget"]
+        assert budget["node"] == "algo-2" and [p["rank"] for p in scoped[side]["processes"]] == [5]
+    assert scoped["b"]["verdict"]["input_percent"] < scoped["a"]["verdict"]["input_percent"]
+    assert scoped["delta"]["input_percent"] < 0
+    code, out, err = run()
+    assert code == 0, err
+    assert [len(json.loads(out)[side]["budget"]) for side in ("a", "b")] == [8, 8]
+    code, _, err = run("--rank", "99")
+    assert code == 2 and "no events of --rank 99" in err
