@@ -1,6 +1,8 @@
 """Load test: the app under gunicorn, concurrent clients driving real Dash callbacks.
 
-Starts `gunicorn -w 3 --threads 4 -b 127.0.0.1:<free port> app:server` on a synthetic trial
+Starts `gunicorn --worker-class dashboard.serving.BufferingWorker -w 3 --threads 4 -b
+127.0.0.1:<free port> app:server` (as README's Serving runs it; `--worker-class gthread` for
+gunicorn's own) on a synthetic trial
 with a fresh cache folder, waits for it to answer, then runs CLIENTS concurrent clients.
 Each is one page load driven over HTTP as the browser's renderer drives it (tests/dash_http.py):
 open the page, request the load from the URL, run the background load (start, then poll
@@ -14,7 +16,7 @@ many as the load takes at the renderer's interval), every request with a 30 s ti
 clients stopped at --time-limit seconds; traffic goes to 127.0.0.1 only. Exits non-zero on any
 error (a failed request or check, a client over the limit, an error in the server's log).
 
-    python3 bench/load_test.py [--clients 20] [--requests 25] [--runs 3] [--json]
+    python3 bench/load_test.py [--clients 20] [--requests 25] [--runs 3] [--worker-class gthread] [--json]
 
 Reports per run and, over several runs, the median and the range (min-max) of:
 throughput (requests/s over the clients' wall time), p50/p99 latency per callback kind,
@@ -79,7 +81,7 @@ def make_trial(folder: str, batches: int) -> dict:
 # --- the server --------------------------------------------------------------------------------
 
 class Gunicorn:
-    def __init__(self, trial: str, cache_dir: str, log_path: str, workers: int, threads: int):
+    def __init__(self, trial: str, cache_dir: str, log_path: str, workers: int, threads: int, worker_class: str):
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}/"
         env = dict(os.environ, DASHBOARD_TRIAL=trial, DASHBOARD_CACHE_DIR=cache_dir,
@@ -87,7 +89,8 @@ class Gunicorn:
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads),
+            [sys.executable, "-m", "gunicorn", "--worker-class", worker_class, "-w", str(workers),
+             "--threads", str(threads),
              "-b", f"{HOST}:{self.port}", "--timeout", "120", "--no-control-socket", "app:server"],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -256,7 +259,8 @@ def quantiles(values: list[float]) -> dict:
 
 def one_run(args, work: str, trial: str, want: dict, run: int) -> dict:
     cache = os.path.join(work, f"cache-{run}")
-    server = Gunicorn(trial, cache, os.path.join(work, f"gunicorn-{run}.log"), args.workers, args.threads)
+    server = Gunicorn(trial, cache, os.path.join(work, f"gunicorn-{run}.log"), args.workers, args.threads,
+                      args.worker_class)
     records, errors, lock = [], [], threading.Lock()
     try:
         ready_s = server.wait_ready()
@@ -352,6 +356,8 @@ def main(argv=None) -> int:
                         help="requests per client, the load's polls not counted (they are bounded apart)")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--worker-class", default="dashboard.serving.BufferingWorker",
+                        help="gunicorn's worker class (gthread: gunicorn's own threaded worker)")
     parser.add_argument("--batches", type=int, default=5_000, help="GetNext calls in the synthetic trial")
     parser.add_argument("--time-limit", type=float, default=120, help="seconds for all clients of a run")
     parser.add_argument("--runs", type=int, default=1)
@@ -366,7 +372,8 @@ def main(argv=None) -> int:
         trial = os.path.join(work, "trial")
         want = make_trial(trial, args.batches)
         print(f"trial: {want['getnext']} GetNext calls, {want['outliers']} outliers; "
-              f"gunicorn -w {args.workers} --threads {args.threads}; {args.clients} clients x "
+              f"gunicorn --worker-class {args.worker_class} -w {args.workers} --threads {args.threads}; "
+              f"{args.clients} clients x "
               f"{args.requests} requests; limit {args.time_limit:.0f} s per run", flush=True)
         results = []
         for run in range(1, args.runs + 1):
