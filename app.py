@@ -111,7 +111,7 @@ def _compare(args) -> int:
         result, status = _load_or_fail(path, lambda p: analyze(p, node=args.node, rank=args.rank, **limits))
         if result is None:
             return status
-        if result.trial.framework.empty:
+        if (args.node is not None or args.rank is not None) and result.trial.framework.empty:
             scope = " ".join(f"--{k} {v}" for k, v in (("node", args.node), ("rank", args.rank)) if v is not None)
             print(f"error: {path}: no events of {scope}", file=sys.stderr)
             return 2
@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--by-rank", action="store_true",
                          help="analyze one rank at a time, each in a worker process (with --dask-scheduler, on "
                               "the cluster's workers, which is the default there): no process holds the whole "
-                              "trial's events; the answers are the same")
+                              "trial's events; the answers are the same (see dashboard/by_rank.py). With "
+                              "--cache-dir, every worker uses that folder on its own machine")
     compare = sub.add_parser("compare", help="compare run B with run A: what changed, and did it do what "
                                              "A's what-if predicted")
     compare.add_argument("a", help="the run before the change: a local folder or s3://bucket/prefix")

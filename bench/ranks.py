@@ -8,7 +8,7 @@ storage), written once and cached under bench/out/. Each run is a fresh process:
   heat map:  what the page's callback does once loaded: `views.rank_heatmap_view` (120
              buckets over the whole job, the window marked), median of 20 calls;
   diagnosis: `diagnosis.assess`, the verdict per host and rank and the straggler findings;
-  by rank:   `per_rank.analyze_by_rank` (each rank summarised, then combined) against
+  by rank:   `per_rank.analyze_by_process` (each rank summarised, then combined) against
              `dataloader.analyze` of the whole frame, the same numbers, and the summaries'
              bytes against the frame's (memory_usage(deep=True));
   peak RSS of the process.
@@ -62,7 +62,7 @@ def child(folder: str) -> None:
     whole = dataloader.analyze(trial.framework)
     analyze_s = time.perf_counter() - started
     started = time.perf_counter()
-    by_rank = per_rank.analyze_by_rank(trial)
+    by_rank = per_rank.analyze_by_process(trial)
     by_rank_s = time.perf_counter() - started
     assert (by_rank.getnext.count, by_rank.getnext.median_us, by_rank.batchtime.median_s, len(by_rank.getnext.outliers)) \
         == (whole.getnext.count, whole.getnext.median_us, whole.batchtime.median_s, len(whole.getnext.outliers))
@@ -96,7 +96,7 @@ def main() -> int:
     for key, unit in (("load_s", "s"), ("summaries_s", "s"), ("heatmap_s", "s"), ("assess_s", "s"),
                       ("peak_mb", "MB")):
         print(f"  {key:<12} {spread([r[key] for r in runs])} {unit}", flush=True)
-    print(f"  by rank      analyze_by_rank {spread([r['by_rank_s'] for r in runs])} s vs analyze "
+    print(f"  by rank      analyze_by_process {spread([r['by_rank_s'] for r in runs])} s vs analyze "
           f"{spread([r['analyze_s'] for r in runs])} s; summaries {spread([r['summary_mb'] for r in runs], 1)} MB "
           f"vs frame {spread([r['frame_mb'] for r in runs], 1)} MB", flush=True)
     return 0

@@ -14,6 +14,7 @@ from functools import cached_property
 from .analysis import dataloader
 from .analysis import diagnosis
 from .analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis, Window
+from .trial.errors import TrialError
 from .trial.load import Trial, load_trial
 
 
@@ -105,4 +106,8 @@ def compare(a: TrialAnalysis | Trial | str, b: TrialAnalysis | Trial | str, **lo
     from .analysis.compare import Side, compare as compare_sides
 
     a, b = (item if isinstance(item, TrialAnalysis) else analyze(item, **load_options) for item in (a, b))
+    for item in (a, b):
+        if not isinstance(item.trial, Trial):  # dashboard.by_rank's: its events stayed with the workers
+            raise TrialError(f"{item.trial.path}: analyzed by rank, without its events: compare needs them "
+                             "(dashboard.analyze)")
     return compare_sides(Side(a.assessment, a.trial.framework), Side(b.assessment, b.trial.framework))

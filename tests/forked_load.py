@@ -4,6 +4,7 @@ process. Run as a script, in a process of its own: forking needs a process witho
 which a test session (S3 server, browsers) is not.
 
     python tests/forked_load.py TRIAL
+    python tests/forked_load.py --by-rank TRIAL      (dashboard/by_rank.py's tasks, forked)
 """
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def main() -> int:
         original(self, processes)
 
     load.ForkedWorkers.__init__ = counting
+    if sys.argv[1] == "--by-rank":  # the whole analysis, each rank a task of a forked worker
+        from dashboard.by_rank import analyze_by_rank
+        from dashboard.report import to_dict
+
+        report = to_dict(analyze_by_rank(sys.argv[2], processes=2))
+        print(json.dumps({"forked": forked, "report": report}))
+        return 0
     trial = load.load_trial(sys.argv[1], processes=2)
     print(json.dumps({"forked": forked, **kept(trial)}))
     return 0

@@ -4,9 +4,12 @@ whole trial: the `analyze --json` object and the text report, byte for byte (the
 cluster's run of it: tests/test_dask.py)."""
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -14,6 +17,7 @@ import pytest
 
 import dashboard
 from dashboard import by_rank
+from dashboard.api import compare
 from dashboard.report import to_dict, to_text
 from dashboard.synthetic import write_job, write_trial
 from dashboard.trial.errors import TrialError, TrialTooLargeError
@@ -54,15 +58,88 @@ def test_per_rank_work_gives_the_whole_trials_report(tmp_path, name):
 def test_a_rank_far_slower_than_the_job_is_summarised_again_with_the_jobs_thresholds(tmp_path, monkeypatch):
     # Its own cut for possible outliers lies above the job's threshold (all its GetNexts are
     # outliers of the job): its task runs again, keeping every row above the job's.
-    calls = []
-    real = by_rank.resummarise
-    monkeypatch.setattr(by_rank, "resummarise", lambda *args: calls.append(args[1].processes) or real(*args))
+    again = []
+    real = by_rank.rank_work
+
+    def counting(path, group, plan, *args):
+        if plan.thresholds is not None:
+            again.append(group.processes)
+        return real(path, group, plan, *args)
+
+    monkeypatch.setattr(by_rank, "rank_work", counting)
     path = _fixture(tmp_path, "straggler rank")
     ranked = by_rank.analyze_by_rank(path)
-    assert calls and all(len(processes) == 1 for processes in calls)
+    assert again and all(len(processes) == 1 for processes in again)
     whole = dashboard.analyze(path)
     assert to_dict(ranked)["getnext"]["outliers"] == to_dict(whole)["getnext"]["outliers"]
     assert len(to_dict(whole)["getnext"]["outliers"]) > 0
+
+
+def _file_of(path: str, process: str) -> str:
+    (found,) = glob.glob(os.path.join(path, "framework", "pevents", "*", f"*_{process}_pythontimeline.json"))
+    return found
+
+
+def _moved_far(path: str) -> None:
+    """Rank 3's file, name and times 60 days later: a host whose clock is off."""
+    old = _file_of(path, "3-algo-2")
+    shift = 60 * 86_400 * 10**6
+    with open(old) as handle:
+        text = handle.read()
+    start = re.search(r'"start_time_since_epoch_in_micros": (\d+)', text)
+    text = text.replace(start.group(0), f'"start_time_since_epoch_in_micros": {int(start.group(1)) + shift}')
+    end = int(os.path.basename(old).split("_")[0])
+    os.remove(old)
+    with open(os.path.join(os.path.dirname(old), f"{end + shift}_3-algo-2_pythontimeline.json"), "w") as handle:
+        handle.write(text)
+
+
+def _copied_as_another_rank(path: str) -> None:
+    old = _file_of(path, "0-algo-1")
+    shutil.copy(old, old.replace("0-algo-1", "9-algo-1"))
+
+
+def _system_copied_for_another_host(path: str) -> None:
+    (old,) = glob.glob(os.path.join(path, "system", "incremental", "*", "*.algo-1.json"))[:1]
+    shutil.copy(old, old.replace("algo-1", "algo-3"))
+
+
+def _same_broken_file_in_three_ranks(path: str) -> None:
+    for process in ("2-algo-2", "3-algo-2", "1-algo-1"):
+        with open(_file_of(path, process), "w") as handle:
+            handle.write("garbage{\n")
+
+
+def _unreadable_ranks(path: str) -> None:
+    """Three of algo-2's four ranks unreadable: the host has one process with rows, which the
+    whole trial's texts name by the host alone, though the file names list four."""
+    for process in ("4-algo-2", "6-algo-2", "7-algo-2"):
+        with open(_file_of(path, process), "w") as handle:
+            handle.write(f"garbage{{ of {process}\n")
+
+
+def _stray_json(path: str) -> None:
+    with open(os.path.join(path, "extra.json"), "w") as handle:
+        handle.write('{"a": 1}')
+
+
+@pytest.mark.parametrize("damage", [_moved_far, _copied_as_another_rank, _system_copied_for_another_host,
+                                    _same_broken_file_in_three_ranks, _unreadable_ranks, _stray_json],
+                         ids=lambda damage: damage.__name__.strip("_"))
+def test_what_only_the_whole_trial_shows_is_applied_to_every_rank(tmp_path, damage):
+    # Events far from the whole trial's median time, copies of another rank's files, a host's
+    # label count over the ranks with rows: each rank's task is told and runs again.
+    path = _fixture(tmp_path, "straggler rank" if damage is _unreadable_ranks else "ranks by name")
+    damage(path)
+    whole, ranked = to_dict(dashboard.analyze(path)), to_dict(by_rank.analyze_by_rank(path))
+    by_path = lambda items: sorted(items, key=lambda item: item["path"])  # noqa: E731
+    assert ranked["files"]["skipped"] == by_path(whole["files"]["skipped"])
+    ranked["files"]["skipped"] = whole["files"]["skipped"] = None
+    assert ranked == whole
+    if damage is _moved_far:
+        assert whole["lines_skipped"] > 0 and "median time" in whole["lines_skipped_in"][0]["reason"]
+    if damage is _unreadable_ranks:
+        assert any(" on algo-2: " in r["text"] for r in whole["recommendations"]), whole["recommendations"]
 
 
 def _break(path: str) -> dict[str, str]:
@@ -108,6 +185,12 @@ def test_the_command_line_runs_it_in_worker_processes_with_the_same_answers(tmp_
         return json.loads(done.stdout)
 
     assert run("--by-rank") == run()
+    # In forked worker processes, the command line's way (a process with no other thread).
+    forked = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "forked_load.py"), "--by-rank", path],
+                            capture_output=True, text=True, timeout=120)
+    assert forked.returncode == 0, forked.stderr
+    forked = json.loads(forked.stdout)
+    assert forked.pop("forked") == [2] and forked["report"] == run()
     cache = tmp_path / "columns"
     cache.mkdir(mode=0o700)
     assert run("--by-rank", "--cache-dir", str(cache)) == run()
@@ -120,11 +203,41 @@ def test_the_command_line_runs_it_in_worker_processes_with_the_same_answers(tmp_
 
 def test_the_whole_trials_limits_hold_over_the_ranks(tmp_path):
     path = _fixture(tmp_path, "straggler rank")
-    events = len(dashboard.load_trial(path).framework)
+    trial = dashboard.load_trial(path)
+    events = len(trial.framework) + len(trial.system)  # what load_trial counts, each host's samples once
+    by_rank.analyze_by_rank(path, max_events=events)
+    dashboard.analyze(path, max_events=events)
     with pytest.raises(TrialTooLargeError, match="events"):
         by_rank.analyze_by_rank(path, max_events=events - 1)
     with pytest.raises(TrialTooLargeError, match="files"):
         by_rank.analyze_by_rank(path, max_files=1)
+    # A file that is no part of the trial counts for neither.
+    trial_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(path) for f in names)
+    with open(os.path.join(path, "model.pt"), "wb") as handle:
+        handle.write(b"\0" * (trial_bytes + 1))
+    dashboard.analyze(path, max_bytes=trial_bytes)
+    by_rank.analyze_by_rank(path, max_bytes=trial_bytes)
+    for analyze in (dashboard.analyze, by_rank.analyze_by_rank):
+        with pytest.raises(TrialTooLargeError, match="over the limit"):
+            analyze(path, max_bytes=trial_bytes // 2)
+
+
+def test_an_empty_folder_is_refused_as_the_whole_load_refuses_it(tmp_path):
+    from dashboard.trial.errors import NotATrialError
+
+    (tmp_path / "empty").mkdir()
+    messages = []
+    for analyze in (dashboard.analyze, by_rank.analyze_by_rank):
+        with pytest.raises(NotATrialError) as refused:
+            analyze(str(tmp_path / "empty"))
+        messages.append(str(refused.value))
+    assert messages[0] == messages[1]
+
+
+def test_a_ranked_result_cannot_be_compared_and_says_so(tmp_path):
+    path = _fixture(tmp_path, "ranks by name")
+    with pytest.raises(TrialError, match="analyzed by rank"):
+        compare(by_rank.analyze_by_rank(path), path)
 
 
 def test_its_result_says_why_it_has_no_window(tmp_path):

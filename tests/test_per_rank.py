@@ -61,7 +61,7 @@ def assert_thresholds_match(framework: pd.DataFrame, factor: float) -> None:
 
 def check(framework: pd.DataFrame, factor: float = dataloader.DEFAULT_OUTLIER_FACTOR):
     whole = dataloader.analyze(framework, factor)
-    assert_same(whole, per_rank.analyze_by_rank(framework, factor))
+    assert_same(whole, per_rank.analyze_by_process(framework, factor))
     assert_thresholds_match(framework, factor)
     return whole
 
@@ -176,7 +176,7 @@ def test_an_even_count_takes_the_mean_of_the_two_middle_values(single_host):
         durations = sorted(int(d) for d in framework.loc[framework["kind"] == fmt.KIND_GETNEXT, "duration_us"])
     assert len(durations) % 2 == 0
     middle = len(durations) // 2
-    combined = per_rank.analyze_by_rank(duplicated_process(framework, "20009-algo-9", "algo-9"))
+    combined = per_rank.analyze_by_process(duplicated_process(framework, "20009-algo-9", "algo-9"))
     assert combined.getnext.median_us == (durations[middle - 1] + durations[middle]) / 2
     assert combined.getnext.count == 2 * len(durations)
     check(framework)
@@ -255,7 +255,7 @@ def test_a_summary_reads_one_process(single_host):
 def test_an_empty_frame():
     framework = empty_framework_frame()
     check(framework)
-    assert per_rank.analyze_by_rank(framework).getnext.median_us is None
+    assert per_rank.analyze_by_process(framework).getnext.median_us is None
     with pytest.raises(ValueError):
         per_rank.combine([])
 
@@ -264,7 +264,7 @@ def test_summaries_run_in_a_process_pool(tmp_path):
     write_job(str(tmp_path), hosts=2, ranks_per_host=2, steps=30, slow_rank=1, system=False)
     trial = dashboard.load_trial(str(tmp_path))
     with ProcessPoolExecutor(max_workers=2) as pool:
-        assert_same(dataloader.analyze(trial.framework), per_rank.analyze_by_rank(trial, map_fn=pool.map))
+        assert_same(dataloader.analyze(trial.framework), per_rank.analyze_by_process(trial, map_fn=pool.map))
 
 
 def test_summaries_of_a_64_rank_job_are_a_fraction_of_its_frame(tmp_path):

@@ -16,7 +16,7 @@ summaries cut too high (NarrowSummaryError); `summarise_by_rank` summarises thos
 with the job's thresholds, which happens for a process much slower than the job's median, whose
 rows are then outliers anyway.
 
-`analyze_by_rank(trial, factor, map_fn)` does it all on a loaded trial (`summarise_by_rank`,
+`analyze_by_process(trial, factor, map_fn)` does it all on a loaded trial (`summarise_by_rank`,
 then `combine`); `map_fn` may be a process pool's map, or a Dask client's (gathered), since
 each summary is one process's work.
 """
@@ -67,8 +67,9 @@ class Quantity:
 class ProcessSummary:
     """What the DataLoader analyses need of one process's events.
 
-    Indexes are the rows' positions in the trial's frame (`summarise`), except the batches',
-    which are their order among the process's batches (by start, pid, then frame order)."""
+    Indexes order the rows as the trial's frame does (positions, or process_part's order),
+    except the batches', which are their order among the process's batches (by start, pid,
+    then frame order)."""
     process: str | None
     inits: pd.DataFrame  # the initializations, whole: a few per epoch, and the iterator table needs them
     workers: pd.DataFrame  # the worker events, whole: a few per epoch
@@ -213,11 +214,21 @@ def process_positions(framework: pd.DataFrame) -> list[np.ndarray]:
     return [part for part in np.split(rows, bounds) if len(part)]
 
 
-def process_part(framework: pd.DataFrame, positions: np.ndarray) -> pd.DataFrame:
-    """The rows at `positions` (one process's: process_positions), indexed by them, as summarise reads them."""
+def process_part(framework: pd.DataFrame, positions: np.ndarray, order: np.ndarray | None = None) -> pd.DataFrame:
+    """The rows at `positions` (one process's: process_positions), as summarise reads them:
+    indexed by their positions, or by `order` (per row of the frame: the values that order the
+    rows across a whole trial, when the frame is only part of it: dashboard/by_rank.py)."""
     part = framework.take(positions)
-    part.index = pd.Index(positions, dtype=np.int64)  # positions, whatever the frame's index
+    part.index = pd.Index(positions if order is None else np.asarray(order)[positions], dtype=np.int64)
     return part
+
+
+def summaries_of(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
+                 keep_above: Thresholds | None = None, order: np.ndarray | None = None) -> list[ProcessSummary]:
+    """The summary of each process of the frame (none for a frame without their events), its
+    rows indexed as process_part says."""
+    return [summarise(process_part(framework, rows, order), factor, keep_above)
+            for rows in process_positions(framework)]
 
 
 def summarise_by_rank(trial_or_frame: Trial | pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
@@ -238,7 +249,7 @@ def summarise_by_rank(trial_or_frame: Trial | pd.DataFrame, factor: float = DEFA
     return summaries
 
 
-def analyze_by_rank(trial_or_frame: Trial | pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
+def analyze_by_process(trial_or_frame: Trial | pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
                     map_fn: Callable = map) -> DataLoaderAnalysis:
     """`analyze(framework, factor)`'s numbers and outliers, one process at a time: combine of
     summarise_by_rank."""

@@ -158,6 +158,13 @@ def framework_frame(tables: list[pa.Table]) -> pd.DataFrame:
     return pd.DataFrame({name: columns[name] for name in FRAMEWORK_COLUMNS}, copy=False)
 
 
+def identity_order(host: str, rank: int | None, pid: int | None, process: str) -> tuple:
+    """How every list of processes is ordered: by host, then rank, then pid (unknowns last),
+    then process id."""
+    far = 2**62
+    return host, far if rank is None else rank, far if pid is None else pid, process
+
+
 def host_of(process: str) -> str:
     """The host of a process id: '20557-algo-1' -> 'algo-1'; a name without the number is a host."""
     head, sep, rest = process.partition("-")

@@ -53,6 +53,13 @@ class LoadReport:
     # of its files (restricted_to), as per-rank work needs for the files several ranks read.
     read_paths: list[str] = field(default_factory=list, repr=False)
     lines_skipped_by_path: dict[str, int] = field(default_factory=dict, repr=False)
+    # Per file, what per-rank work checks across ranks as a whole load checks it across files:
+    # its content's digest (duplicates), the bytes it counted (max_bytes), and its rows' times
+    # (median, rows, earliest, latest) before the trial's median time kept those near it.
+    digests: dict[str, bytes] = field(default_factory=dict, repr=False)
+    bytes_by_path: dict[str, int] = field(default_factory=dict, repr=False)
+    file_times: dict[str, tuple[int, int, int, int]] = field(default_factory=dict, repr=False)
+    center_us: int | None = field(default=None, repr=False)  # that median time
 
     @property
     def complete(self) -> bool:
@@ -64,8 +71,10 @@ class LoadReport:
         """The report of these files alone."""
         read = [p for p in self.read_paths if p in paths]
         by_path = {p: n for p, n in self.lines_skipped_by_path.items() if p in paths}
+        mine = lambda values: {p: v for p, v in values.items() if p in paths}  # noqa: E731
         return LoadReport(len(read), [f for f in self.files_skipped if f.path in paths], sum(by_path.values()),
-                          [f for f in self.files_with_skipped_lines if f.path in paths], read, by_path)
+                          [f for f in self.files_with_skipped_lines if f.path in paths], read, by_path,
+                          mine(self.digests), mine(self.bytes_by_path), mine(self.file_times), self.center_us)
 
     def to_dict(self) -> dict:
         return {"read": self.files_read,
@@ -178,9 +187,7 @@ def processes_of(framework: pd.DataFrame) -> list[Process]:
 
 
 def process_order(process: Process) -> tuple:
-    """How every list of processes is ordered: by host, then rank, then pid (unknowns last)."""
-    far = 2**62
-    return process.node, far if process.rank is None else process.rank, process.pid or far, process.id
+    return frames.identity_order(process.node, process.rank, process.pid, process.id)
 
 
 @dataclass(frozen=True)
@@ -217,6 +224,9 @@ def merge_facts(path: str, parts: Sequence[TrialFacts], report: LoadReport) -> T
         report.files_with_skipped_lines += part.report.files_with_skipped_lines
         report.read_paths += part.report.read_paths
         report.lines_skipped_by_path.update(part.report.lines_skipped_by_path)
+        report.digests.update(part.report.digests)
+        report.bytes_by_path.update(part.report.bytes_by_path)
+        report.file_times.update(part.report.file_times)
     report.files_skipped.sort(key=lambda s: s.path)
     report.files_with_skipped_lines.sort(key=lambda s: s.path)
     formats = {part.format for part in parts}
@@ -271,7 +281,8 @@ def rank_files(files: Sequence[FileInfo]) -> tuple[list[RankFiles], dict[str, in
 
 
 def _whole(files: Sequence[FileInfo]) -> RankFiles:
-    return RankFiles((), tuple(files), frozenset(info.key for info in files))
+    mine = tuple(info for info in files if classify_key(info.key) is not None)  # the rest: not a task's
+    return RankFiles((), mine, frozenset(info.key for info in mine))
 
 
 def classify_key(key: str) -> tuple[str, str] | None:
@@ -421,9 +432,10 @@ class _Counted:
 
 def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
                file_cache: MutableMapping | None, cache_key: str | None, cluster=None,
-               ) -> tuple[ParsedFile, bytes | None, ParsedEntry | None]:
-    """The parsed file, a digest of its content (None when it could not be read), and what
-    to keep in file_cache once the whole load succeeds (None: nothing new worth keeping).
+               ) -> tuple[ParsedFile, bytes | None, ParsedEntry | None, int]:
+    """The parsed file, a digest of its content (None when it could not be read), what
+    to keep in file_cache once the whole load succeeds (None: nothing new worth keeping), and
+    the bytes it counted against max_bytes.
     cluster: a dask.distributed Client whose workers read and parse the file (None: here)."""
     guard.check()  # another file failed the load: read no more
     try:
@@ -431,7 +443,7 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
         if entry is not None:  # unchanged since a load that read it: not read again
             guard.add_bytes(entry.nbytes)
             guard.add_events(entry.digest, entry.parsed.rows)
-            return entry.parsed, entry.digest, None
+            return entry.parsed, entry.digest, None, entry.nbytes
         if cluster is None:
             parsed, digest, nbytes = _read_and_parse(store, info, kind, node, guard)
         else:
@@ -441,11 +453,11 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
                                                     guard.max_bytes, pure=False).result()
             guard.add_bytes(nbytes)
         if digest is None:
-            return parsed, None, None
+            return parsed, None, None, nbytes
         guard.add_events(digest, parsed.rows)
         # Only files with events are worth keeping: the rest are cheap to read again.
         keep = ParsedEntry(parsed, digest, nbytes) if cache_key is not None and parsed.table is not None else None
-        return parsed, digest, keep
+        return parsed, digest, keep, nbytes
     except TrialError as exc:  # S3 unreachable, access denied, over a limit: fails the load
         guard.fail(exc)
         raise
@@ -544,22 +556,36 @@ def _read_and_parse(store: Store, info: FileInfo, kind: str, node: str, guard: _
 MAX_EVENT_FROM_TRIAL_US = MAX_EVENT_BEFORE_FILE_US
 
 
-def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport) -> dict[str, list]:
-    """The tables by kind, without the rows far from the trial's median time; those are
-    counted in the report's skipped lines of their file.
+def trial_center(medians: Sequence[float], rows: Sequence[int]) -> int:
+    """A trial's median time: weighted by rows over its files' own medians, so that most of
+    the trial's events decide it, and no column of the whole trial is copied to find it."""
+    medians, rows = np.asarray(medians, dtype=np.float64), np.asarray(rows)
+    order = np.argsort(medians, kind="stable")
+    middle = np.searchsorted(np.cumsum(rows[order]), rows.sum() / 2)
+    return int(medians[order][middle])
 
-    The median is weighted by rows over the files' own medians: most of the trial's events
-    decide it, and no column of the whole trial is copied to find it."""
+
+def near_the_trial(center_us: int, low_us: int, high_us: int) -> bool:
+    """Whether times from low_us to high_us all lie near a trial centred at center_us."""
+    return center_us - MAX_EVENT_FROM_TRIAL_US <= low_us and high_us <= center_us + MAX_EVENT_FROM_TRIAL_US
+
+
+def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport,
+                    center_us: int | None = None) -> dict[str, list]:
+    """The tables by kind, without the rows far from the trial's median time (trial_center,
+    unless the caller knows it: a rank's share of a trial is judged by the whole trial's);
+    those are counted in the report's skipped lines of their file."""
     tables: dict[str, list] = {FRAMEWORK: [], SYSTEM: [], KINETO: []}
     read = [(key, kind, table) for key, kind, table in read if table.num_rows]
     if not read:
         return tables
-    medians = np.array([np.median(table.column("timestamp_us" if kind == SYSTEM else "end_us").to_numpy())
-                        for _, kind, table in read])
-    rows = np.array([table.num_rows for _, _, table in read])
-    order = np.argsort(medians, kind="stable")
-    middle = np.searchsorted(np.cumsum(rows[order]), rows.sum() / 2)
-    center = int(medians[order][middle])
+    for key, kind, table in read:
+        times = table.column("timestamp_us" if kind == SYSTEM else "end_us").to_numpy()
+        starts = times if kind == SYSTEM else table.column("start_us").to_numpy()
+        report.file_times[key] = (float(np.median(times)), table.num_rows, int(starts.min()), int(times.max()))
+    center = center_us if center_us is not None else trial_center(
+        [report.file_times[key][0] for key, _, _ in read], [table.num_rows for _, _, table in read])
+    report.center_us = center
     # int64 bounds: compared with a float, Arrow would cast the times to float64 and refuse those
     # beyond 2**53 (year 2255).
     low, high = (pa.scalar(center + offset, pa.int64()) for offset in (-MAX_EVENT_FROM_TRIAL_US,
@@ -578,6 +604,7 @@ def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport) -
                    f"{duration_text(MAX_EVENT_FROM_TRIAL_US)} from the trial's median time "
                    f"({iso_utc(center)})")
             report.lines_skipped += far
+            report.lines_skipped_by_path[key] = report.lines_skipped_by_path.get(key, 0) + far
             if key in reasons:
                 earlier = report.files_with_skipped_lines[reasons[key]]
                 report.files_with_skipped_lines[reasons[key]] = SkippedFile(key, f"{earlier.reason}; {why}")
@@ -593,7 +620,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
                max_events: int | None = None, max_files: int | None = None, threads: int | None = None,
                on_progress: Progress | None = None, store: Store | None = None,
                files: list[FileInfo] | None = None, file_cache: MutableMapping | None = None,
-               dask_client=None, processes: int | None = None) -> Trial:
+               dask_client=None, processes: int | None = None, center_us: int | None = None) -> Trial:
     """Read a trial from a local folder or `s3://bucket/prefix`.
 
     Raises a TrialError subclass naming the path when the trial cannot be read; bad
@@ -612,6 +639,9 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         cluster's workers, which open the trial themselves (an S3 trial with their own credential
         chain) and return Arrow tables. Without one, the scheduler DASHBOARD_DASK_SCHEDULER names,
         when set (dask_cluster.client_from_environment); else here, by the same code.
+    center_us: the trial's median time, when this load reads only some of its files (a rank's
+        share, dashboard/by_rank.py): its events are judged near or far by the whole trial's.
+    dask_client=False: here, whatever DASHBOARD_DASK_SCHEDULER says (a task already on a cluster).
     processes: parse a local trial of PROCESS_PARSE_MIN_BYTES or more in this many forked
         worker processes (ForkedWorkers), when this process runs no other thread (a command
         line, not a threaded server); else, and by default, in this process.
@@ -624,6 +654,8 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         from .dask_cluster import client_from_environment
 
         dask_client = client_from_environment()
+    elif dask_client is False:
+        dask_client = None
     if threads is None:
         # Local reads are quick, so more threads than cores only hold more files in memory;
         # S3 reads wait on the network, so they overlap many; so do a cluster's tasks.
@@ -652,13 +684,15 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         threads = max(threads, processes)  # one waiting on each process
     try:
         return _load(path, store, files, jobs, report, guard_limits=(max_bytes, max_events), threads=threads,
-                     on_progress=on_progress, file_cache=file_cache, cluster=dask_client or parsers)
+                     on_progress=on_progress, file_cache=file_cache, cluster=dask_client or parsers,
+                     center_us=center_us)
     finally:
         if parsers is not None:
             parsers.shutdown()
 
 
-def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progress, file_cache, cluster) -> Trial:
+def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progress, file_cache, cluster,
+          center_us) -> Trial:
     max_bytes, max_events = guard_limits
     read: list[tuple[str, str, pa.Table]] = []  # (key, kind, table) of each file read with rows
     guard = _LoadGuard(path, max_bytes, max_events)
@@ -673,10 +707,13 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
     try:
         for done, ((info, kind, _), cache_key, future) in enumerate(zip(jobs, cache_keys, futures), 1):
             # A TrialError (S3 gone, access denied, over a limit) fails the load.
-            parsed, digest, keep = future.result()
+            parsed, digest, keep, nbytes = future.result()
+            report.bytes_by_path[info.key] = nbytes
             if keep is not None:
                 fresh[cache_key] = keep
             original = first_copy.setdefault(digest, info.key) if digest is not None else info.key
+            if digest is not None:
+                report.digests[info.key] = digest
             if original != info.key:
                 report.files_skipped.append(SkippedFile(info.key, f"duplicate of {original}"))
             elif parsed.error:
@@ -711,7 +748,7 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
     for cache_key, keep in fresh.items():
         file_cache[cache_key] = keep
     fresh.clear()  # its entries hold the tables: let framework_frame free each as it converts it
-    tables = _near_the_trial(read, report)
+    tables = _near_the_trial(read, report, center_us)
     read.clear()  # (as fresh: framework_frame frees each table as it converts it)
     kinds = {kind for _, kind, _ in jobs}
     trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"

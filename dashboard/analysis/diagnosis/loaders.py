@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ... import format as fmt
+from ...trial.frames import identity_order
 from ...trial.load import processes_of
 from ..dataloader import iterator_classes, iterator_segments, labels, loader_name
 
@@ -460,5 +461,4 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame,
 
 
 def process_order(process: ProcessTraining) -> tuple:
-    """Processes in the order every result lists them: by host, then rank (unranked last), pid, id."""
-    return process.host, 2**62 if process.rank is None else process.rank, process.pid, process.id
+    return identity_order(process.host, process.rank, process.pid, process.id)
