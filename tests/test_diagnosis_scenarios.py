@@ -115,11 +115,15 @@ FIXED_TRAINING_RATIO_MAX = 0.75
 # gain of 0.5 or more. Both fail.
 CPU_GAIN_TOLERANCE = 0.10
 # The hand-over the cpu_saturated finding names (finished batches waiting for the worker's
-# queue thread, which needs the GIL the next sample's Python work holds) is the GIL's: with
-# a 10x shorter switch interval (0.5 ms) it fell to 0.13..0.47 of the planted run's in 6
-# pairs (quiet 3.2..5.8 ms -> 1.0..2.7 ms; with two `yes` 12..14 ms -> 1.8..3.5 ms). 0.7
-# leaves room above the worst; a hand-over that were not the GIL's would not move (1.0).
+# queue thread, which needs the GIL the next sample's Python work holds, and for a core) is
+# mostly the GIL's: with a 10x shorter switch interval (0.5 ms) it fell to 0.02..0.55 of the
+# planted run's in 14 single pairs (quiet 3.2..7.9 ms -> 0.1..3.3 ms; with two `yes` 12..14 ms
+# -> 1.8..3.5 ms), but one pair in a suite run went 3.5 -> 4.6 ms (1.31: then the cores, not
+# the GIL, held it). So the test compares medians of HANDOFF_RUNS runs each way, which the 15
+# pairs put at 0.2..0.45; 0.7 leaves room above that; a hand-over that were not the GIL's at
+# all would not move (1.0).
 HANDOFF_SHORTER_INTERVAL = "0.0005"
+HANDOFF_RUNS = 3
 HANDOFF_RATIO_MAX = 0.7
 DELIVERY_ITSELF_MAX_S = 1e-3  # torch's per-batch cost for small batches (0.3-1 ms), 7x the worst seen
 # Alike workers in lock-step: the trap the pairing job sets is that the waits fall on one
@@ -349,18 +353,20 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
         predicted, fixed.books["training_s"])
 
 
-def test_the_hand_over_the_cpu_finding_names_is_the_gils(jobs):
+def test_the_hand_over_the_cpu_finding_names_is_mostly_the_gils(jobs):
     planted = jobs.planted("cpu")
     named = finding(planted.result, "cpu_saturated")
-    handoff = named.evidence["handoff_s"]
-    assert handoff is not None and "handed over" in named.text, named.text
-    shorter = jobs.run("cpu", more_args=("--switch-interval", HANDOFF_SHORTER_INTERVAL))
-    (budget,) = shorter.result.budget
-    assert budget.evidence["handoff_s"] <= HANDOFF_RATIO_MAX * handoff, (budget.evidence["handoff_s"], handoff)
+    assert named.evidence["handoff_s"] is not None and "handed over" in named.text, named.text
+    runs = {"default": [planted] + [jobs.run("cpu") for _ in range(HANDOFF_RUNS - 1)],
+            "shorter": [jobs.run("cpu", more_args=("--switch-interval", HANDOFF_SHORTER_INTERVAL))
+                        for _ in range(HANDOFF_RUNS)]}
+    handoffs = {way: sorted(only_budget(run).evidence["handoff_s"] for run in done) for way, done in runs.items()}
+    median = {way: values[len(values) // 2] for way, values in handoffs.items()}
+    assert median["shorter"] <= HANDOFF_RATIO_MAX * median["default"], handoffs
     # What is left of a ready batch's wait is delivery itself, which the bar for the finding
-    # sets aside: 0.11..0.15 ms in the 12 runs above, quiet and loaded, either interval.
-    for run in (planted, shorter):
-        (evidence,) = [b.evidence for b in run.result.budget]
+    # sets aside: 0.11..0.15 ms in the 12 runs of the first measurements, quiet and loaded.
+    for run in runs["default"] + runs["shorter"]:
+        evidence = only_budget(run).evidence
         assert evidence["delivery_s"] - evidence["handoff_s"] <= DELIVERY_ITSELF_MAX_S, evidence
 
 

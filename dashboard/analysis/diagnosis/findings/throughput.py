@@ -30,7 +30,7 @@ def _handoff_text(handoff_s: float | None) -> str:
     if not handoff_s or handoff_s < HANDOFF_NAMED_S:
         return ""
     return (f" Batches the workers had finished still waited {duration_s(handoff_s)} each to be handed over: "
-            "a worker's queue thread needs the GIL that its next sample's Python work holds.")
+            "a worker's queue thread needs the GIL that its next sample's Python work holds, and a core.")
 
 
 def _candidates(workers: int, cores: int | None, bound: str) -> list[int]:
