@@ -164,8 +164,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--slow-worker-id", type=int)
     parser.add_argument("--slow-factor", type=float)
     parser.add_argument("--open-index-s", type=float)
-    parser.add_argument("--switch-interval", type=float,
-                        help="sys.setswitchinterval (s), set before the workers fork (they inherit it)")
     args = parser.parse_args(argv)
     planted = {**COMMON, **FAULTS[args.fault]}
     for key, value in planted.items():
@@ -241,8 +239,6 @@ def main(argv=None) -> int:
     # More workers than cores is the point of some scenarios: torch's advice against it is noise here.
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     torch.set_num_threads(1)
-    if args.switch_interval is not None:
-        sys.setswitchinterval(args.switch_interval)
     started = time.perf_counter()
     with profile_dataloaders(args.out, worker_fetch=True, system_interval_s=0.2):
         books = train(args)

@@ -30,7 +30,8 @@ def _handoff_text(handoff_s: float | None) -> str:
     if not handoff_s or handoff_s < HANDOFF_NAMED_S:
         return ""
     return (f" Batches the workers had finished still waited {duration_s(handoff_s)} each to be handed over: "
-            "a worker's queue thread needs the GIL that its next sample's Python work holds, and a core.")
+            "a worker's queue thread needs the GIL and a core, which its next sample's work holds (cheaper "
+            "samples shorten it too).")
 
 
 def _candidates(workers: int, cores: int | None, bound: str) -> list[int]:
