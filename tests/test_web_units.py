@@ -879,3 +879,93 @@ def test_entries_an_older_version_pickled_are_read_again_not_a_crash(tmp_path, m
     key2, trial, cached = TrialCache(cache_dir, 64).load(folder, roots=[str(tmp_path)])
     assert key2 == key and cached is False
     assert (trial.framework["kind"] == "getnext").sum() == len(written.of_kind("getnext"))
+
+
+# --- the queue of background loads (web/jobs.py) ---------------------------------------------------
+
+def test_the_queue_dispatcher_closes_its_sqlite_connection_before_it_ends(tmp_path):
+    """The dispatcher thread ends when no job waits. Its connection to the job store, left to
+    the thread's end, was closed outside the fork guard while another thread forked a load: the
+    child hung for ever on SQLite's memory mutex (seen by gdb in a loaded burst of loads)."""
+    import threading
+
+    from dashboard.web.cache import ForkSafeCache
+    from dashboard.web.jobs import QueueingManager
+
+    manager = QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+    left_open = []
+
+    def dispatcher():
+        manager.handle.get("anything")  # the thread's connection, as a dispatch round opens it
+        assert getattr(manager.handle._local, "con", None) is not None
+        manager._dispatch_while_pending()  # nothing pending: it ends at once
+        left_open.append(getattr(manager.handle._local, "con", None))
+
+    thread = threading.Thread(target=dispatcher)
+    thread.start()
+    thread.join(30)
+    assert left_open == [None]
+
+
+def test_a_result_written_as_its_job_ends_between_dashs_two_reads_is_collected(tmp_path):
+    """Dash reads a job's result, then asks whether the job runs; "no result, not running" is a
+    cancelled job (the page stops waiting). A job that wrote its result and ended in between
+    must still be collected."""
+    from dashboard.web.cache import ForkSafeCache
+    from dashboard.web.jobs import QueueingManager
+
+    manager = QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+    key, job = "result-key", "q7"
+    with manager.handle.transact():
+        manager.handle.set("job-queue", {7: ["no-such-host:1:x", 0, time.time()]})
+    reads = []
+    real_get = manager.handle.get
+
+    def get(name, default=None, *args, **kwargs):
+        if name == key:
+            reads.append(name)
+            if len(reads) == 1:  # the job writes its result and ends just after Dash's read
+                manager.handle.set(key, "the result")
+                with manager.handle.transact():
+                    manager.handle.set("job-queue", {})
+                return default
+        return real_get(name, default, *args, **kwargs)
+
+    manager.handle.get = get
+    assert manager.get_result(key, job) == "the result"
+    assert manager.get_result("never-written", "q8") is manager.UNDEFINED  # a cancelled job stays one
+
+
+def test_a_finished_jobs_place_is_freed_only_once_its_process_is_gone(tmp_path):
+    """Dash terminates a job when it collects its result. Freed before the kill, the place let
+    the next load start while this one's process still ran (2 loads at once with a limit of 1,
+    with two cores busy)."""
+    import dash
+
+    from dashboard.web.cache import ForkSafeCache
+    from dashboard.web.jobs import JOB_QUEUE, QueueingManager
+
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        manager = QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+        with manager.handle.transact():
+            manager.handle.set(JOB_QUEUE, {3: ["owner", job.pid, time.time()]})
+        held_at_kill = []
+        kill = dash.DiskcacheManager.terminate_job
+
+        def recording_kill(self, pid):
+            held_at_kill.append(3 in (self.handle.get(JOB_QUEUE) or {}))
+            kill(self, pid)
+            job.wait(10)  # reaped here, as the server reaps the children it forked
+
+        dash.DiskcacheManager.terminate_job = recording_kill
+        try:
+            manager.terminate_job("q3")
+        finally:
+            dash.DiskcacheManager.terminate_job = kill
+        assert held_at_kill == [True]
+        assert job.poll() is not None
+        assert 3 not in manager.handle.get(JOB_QUEUE)
+    finally:
+        job.kill()
+        job.wait(10)

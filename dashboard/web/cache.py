@@ -191,6 +191,12 @@ class ForkSafeCache(diskcache.Cache):
         with FORK_GUARD.inside():
             return super().__contains__(key)
 
+    def close(self):
+        """Closes the calling thread's connection. A thread that used the cache calls it before
+        it ends: left to the thread's end, the connection is closed outside the guard."""
+        with FORK_GUARD.inside():
+            super().close()
+
 
 def _lock_token() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"

@@ -88,16 +88,23 @@ class QueueingManager(dash.DiskcacheManager):
         return f"q{ticket}"
 
     def _dispatch_while_pending(self) -> None:
-        while True:
-            with self._lock:
-                if not self._pending:
-                    self._dispatcher = None
-                    return
-            try:
-                self._dispatch()
-            except Exception:  # noqa: BLE001 - a busy or failing store: tried again next round
-                log.debug("dispatching queued jobs failed; tried again", exc_info=True)
-            time.sleep(DISPATCH_EVERY_S)
+        try:
+            while True:
+                with self._lock:
+                    if not self._pending:
+                        self._dispatcher = None
+                        return
+                try:
+                    self._dispatch()
+                except Exception:  # noqa: BLE001 - a busy or failing store: tried again next round
+                    log.debug("dispatching queued jobs failed; tried again", exc_info=True)
+                time.sleep(DISPATCH_EVERY_S)
+        finally:
+            # This thread's SQLite connection, closed under the fork guard. Left to the thread's
+            # end, it was closed while another thread forked a load: the child inherited
+            # SQLite's memory mutex held and hung on it for ever, holding its place (seen in
+            # a burst of loads with two cores busy, by gdb: sqlite3_free in the child).
+            self.handle.close()
 
     def _dispatch(self) -> None:
         """Starts this process's waiting jobs whose turn it is; tells the others their place."""
@@ -130,9 +137,12 @@ class QueueingManager(dash.DiskcacheManager):
             pid = super().call_job_fn(key, job_fn, args, context)  # (outside the transaction: a fork)
             with self.handle.transact():
                 queue = self.handle.get(JOB_QUEUE) or {}
-                if ticket in queue:
+                cancelled = ticket not in queue  # while it was starting: it must not run without a place
+                if not cancelled:
                     queue[ticket][1:] = [pid, time.time()]
                     self.handle.set(JOB_QUEUE, queue)
+            if cancelled:
+                super().terminate_job(pid)
 
     @staticmethod
     def _live(queue: dict) -> dict:
@@ -161,6 +171,16 @@ class QueueingManager(dash.DiskcacheManager):
     def _entry(self, ticket: int):
         return (self.handle.get(JOB_QUEUE) or {}).get(ticket)
 
+    def get_result(self, key, job):
+        # Dash reads the result, then asks whether the job runs, and takes "no result and not
+        # running" for a cancelled job: a job that wrote its result and ended between the two
+        # reads left its page waiting for nothing (a burst of loads under load: 1 in 50). A
+        # job writes its result before it ends, so one read more after it has ended finds it.
+        result = super().get_result(key, job)
+        if result is self.UNDEFINED and job is not None and not self.job_running(job):
+            result = super().get_result(key, job)
+        return result
+
     def job_running(self, job):
         ticket = self._ticket(job)
         if ticket is None:
@@ -177,12 +197,19 @@ class QueueingManager(dash.DiskcacheManager):
         ticket = self._ticket(job)
         if ticket is None:
             return super().terminate_job(job)
-        with self.handle.transact():
-            queue = self.handle.get(JOB_QUEUE) or {}
-            entry = queue.pop(ticket, None)
-            self.handle.set(JOB_QUEUE, queue)
+        # The process goes first, its place after: freed before, the place let the next job
+        # start while this one still ran (it had sent its result and was ending; 2 loads at
+        # once were seen with a limit of 1). Kept where the process outlived the kill's wait:
+        # the next look (_live) frees it once the process is gone.
+        entry = self._entry(ticket)
         if entry is not None and entry[1] > 0:
             super().terminate_job(entry[1])
+        with self.handle.transact():
+            queue = self.handle.get(JOB_QUEUE) or {}
+            entry = queue.get(ticket)
+            if entry is not None and not (entry[1] > 0 and _alive(entry[1])):
+                del queue[ticket]
+                self.handle.set(JOB_QUEUE, queue)
 
     def terminate_unhealthy_job(self, job):
         ticket = self._ticket(job)
