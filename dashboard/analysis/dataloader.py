@@ -71,7 +71,7 @@ def iterator_class(name: str) -> str:
     return re.split(r"::|\.(?=__init__$|worker$|__next__$)", name, maxsplit=1)[0]
 
 
-def _per_category(values: pd.Series, label, missing: str) -> tuple[np.ndarray, np.ndarray]:
+def per_category(values: pd.Series, label, missing: str) -> tuple[np.ndarray, np.ndarray]:
     """(label(str(value)) of each distinct value, then `missing`; the row's index into it).
     label runs once per distinct value, not per row."""
     values = values if values.dtype.name == "category" else values.astype("category")
@@ -82,7 +82,7 @@ def _per_category(values: pd.Series, label, missing: str) -> tuple[np.ndarray, n
 def labels(values: pd.Series, label=str, missing: str = "") -> pd.Series:
     """label(str(value)) of each row as Python strings, computed once per distinct value
     (object dtype: a str column would copy every row into Arrow)."""
-    per_value, codes = _per_category(values, label, missing)
+    per_value, codes = per_category(values, label, missing)
     return pd.Series(per_value[codes], index=values.index, dtype=object)
 
 
@@ -193,7 +193,7 @@ def _codes(values: pd.Series) -> np.ndarray:
 
 def _class_codes(names: pd.Series) -> np.ndarray:
     """An id per row for iterator_class(name), computed once per distinct name."""
-    per_name, codes = _per_category(names, iterator_class, "")
+    per_name, codes = per_category(names, iterator_class, "")
     return pd.factorize(per_name)[0][codes]
 
 
@@ -251,10 +251,16 @@ def iterator_segments(framework: pd.DataFrame) -> pd.Series:
     and no GetNext of another class between them. Events of this project's collector
     carry an explicit iterator_id, which then also splits persistent-worker epochs.
     """
+    rows, segment = getnext_segments(framework)
+    return pd.Series(segment, index=framework.index[rows], dtype="int64")
+
+
+def getnext_segments(framework: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(the GetNexts' positions in the frame, in frame order; the iterator id of each), as
+    iterator_segments has them."""
     found = _segments(framework)
     in_frame_order = np.argsort(found.rows)  # found.rows are exactly the GetNexts' positions
-    return pd.Series(found.segment[in_frame_order], index=framework.index[found.rows[in_frame_order]],
-                     dtype="int64")
+    return found.rows[in_frame_order], found.segment[in_frame_order]
 
 
 def analyze_batchtime(framework: pd.DataFrame,
