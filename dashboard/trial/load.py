@@ -746,9 +746,12 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
         # Only JSON files that are not traces (a config.json, a metrics dump): not a trial.
         raise NotATrialError(f"{path}: not a trial: found no {FORMATS_LOOKED_FOR} ({len(files)} other file(s), "
                              f"e.g. {report.files_skipped[0].path}: {report.files_skipped[0].reason})")
-    # Kept only now that the whole load succeeded: a failed load leaves nothing behind.
-    for cache_key, keep in fresh.items():
-        file_cache[cache_key] = keep
+    # Kept only now that the whole load succeeded: a failed load leaves nothing behind. Written
+    # by threads (encoding and writing let go of the GIL): one after another, the 1,157 files of
+    # a 3M-GetNext trial took 2.7 s of its 15 s cold load.
+    if fresh:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(fresh)))) as writers:
+            list(writers.map(lambda item: file_cache.__setitem__(*item), fresh.items()))
     fresh.clear()  # its entries hold the tables: let framework_frame free each as it converts it
     tables = _near_the_trial(read, report, center_us)
     read.clear()  # (as fresh: framework_frame frees each table as it converts it)
