@@ -1,0 +1,80 @@
+"""The diagnosis's calls frame (loaders._calls_frame, numpy over integer keys) against its
+definition in pandas, written out here: the GetNexts sorted (stably) by process label, iterator
+and start; each call's place in its iterator; the next call of its process and pid; the compute
+to the next call of its iterator."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dashboard
+from dashboard import format as fmt
+from dashboard import synthetic
+from dashboard.analysis.dataloader import iterator_classes, iterator_segments, labels
+from dashboard.analysis.diagnosis import loaders
+
+
+def calls_frame_by_definition(framework: pd.DataFrame) -> pd.DataFrame:
+    segment = iterator_segments(framework)
+    calls = framework[framework["kind"] == fmt.KIND_GETNEXT]
+    calls = pd.DataFrame({
+        "process": labels(calls["process"], missing="nan"), "pid": calls["pid"].fillna(-1).astype("int64"),
+        "cls": iterator_classes(calls["name"]),
+        "start_us": calls["start_us"].astype("int64"), "end_us": calls["end_us"].astype("int64"),
+        "duration_us": calls["duration_us"].astype("int64"), "worker_id": calls["worker_id"],
+        "num_workers": calls["num_workers"], "iterator_id": calls["iterator_id"], "segment": segment},
+        index=calls.index)
+    calls = calls.sort_values(["process", "segment", "start_us"], kind="stable")
+    calls["index"] = calls.groupby("segment", sort=False).cumcount()
+    by_process = calls.sort_values(["process", "pid", "start_us"], kind="stable")
+    next_start = by_process.groupby(["process", "pid"], sort=False)["start_us"].shift(-1)
+    calls["next_start_us"] = next_start.reindex(calls.index).fillna(2**62).astype("int64")
+    following = calls.groupby("segment", sort=False)["start_us"].shift(-1)
+    calls["compute_us"] = (following - calls["end_us"]).astype("float64")
+    return calls
+
+
+@pytest.fixture(scope="module")
+def job_frame(tmp_path_factory):
+    """8 ranks on 2 hosts, two epochs each (iterators recreated), evaluation iterators too."""
+    folder = str(tmp_path_factory.mktemp("calls") / "trial")
+    synthetic.write_job(folder, hosts=2, ranks_per_host=4, epochs=2, steps=40)
+    return dashboard.load_trial(folder).framework
+
+
+@pytest.fixture(scope="module")
+def trial_frame(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("calls") / "trial")
+    synthetic.write_trial(folder, epochs=3, train_batches=30)
+    return dashboard.load_trial(folder).framework
+
+
+@pytest.mark.parametrize("frame", ["job_frame", "trial_frame"])
+def test_the_calls_frame_is_its_definition(frame, request):
+    framework = request.getfixturevalue(frame)
+    assert (framework["kind"] == fmt.KIND_GETNEXT).sum() > 100
+    pd.testing.assert_frame_equal(loaders._calls_frame(framework), calls_frame_by_definition(framework))
+
+
+@pytest.mark.parametrize("frame", ["job_frame", "trial_frame"])
+def test_the_calls_frame_is_its_definition_on_rows_out_of_order_with_ties_and_unknowns(frame, request):
+    """Rows shuffled (the stable sorts keep frame order among ties), equal start times, and
+    GetNexts with no process or pid."""
+    framework = request.getfixturevalue(frame).sample(frac=1.0, random_state=7)
+    framework = framework.copy()
+    rng = np.random.default_rng(3)
+    getnext = np.flatnonzero((framework["kind"] == fmt.KIND_GETNEXT).to_numpy())
+    tied = rng.choice(getnext[1:], size=20, replace=False)
+    framework.iloc[tied, framework.columns.get_loc("start_us")] = framework["start_us"].to_numpy()[tied - 1]
+    unknown = rng.choice(getnext, size=5, replace=False)
+    framework.iloc[unknown, framework.columns.get_loc("pid")] = pd.NA
+    framework.iloc[unknown[:2], framework.columns.get_loc("process")] = np.nan
+    pd.testing.assert_frame_equal(loaders._calls_frame(framework), calls_frame_by_definition(framework))
+
+
+def test_the_calls_frame_of_a_frame_without_getnexts_is_empty_with_its_columns(trial_frame):
+    none = trial_frame[trial_frame["kind"] != fmt.KIND_GETNEXT]
+    found = loaders._calls_frame(none)
+    assert found.empty
+    assert list(found.columns) == list(calls_frame_by_definition(trial_frame).columns)
