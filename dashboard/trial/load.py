@@ -567,9 +567,16 @@ def trial_center(medians: Sequence[float], rows: Sequence[int]) -> int:
     return int(medians[order][middle])
 
 
+def trial_bounds(center_us: int) -> tuple[int, int]:
+    """The times near a trial centred at center_us: [low, high]. The load's filter and
+    per-rank work's check (near_the_trial) both read them."""
+    return center_us - MAX_EVENT_FROM_TRIAL_US, center_us + MAX_EVENT_FROM_TRIAL_US
+
+
 def near_the_trial(center_us: int, low_us: int, high_us: int) -> bool:
     """Whether times from low_us to high_us all lie near a trial centred at center_us."""
-    return center_us - MAX_EVENT_FROM_TRIAL_US <= low_us and high_us <= center_us + MAX_EVENT_FROM_TRIAL_US
+    low, high = trial_bounds(center_us)
+    return low <= low_us and high_us <= high
 
 
 def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport,
@@ -590,8 +597,7 @@ def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport,
     report.center_us = center
     # int64 bounds: compared with a float, Arrow would cast the times to float64 and refuse those
     # beyond 2**53 (year 2255).
-    low, high = (pa.scalar(center + offset, pa.int64()) for offset in (-MAX_EVENT_FROM_TRIAL_US,
-                                                                         MAX_EVENT_FROM_TRIAL_US))
+    low, high = (pa.scalar(bound, pa.int64()) for bound in trial_bounds(center))
     reasons = {item.path: index for index, item in enumerate(report.files_with_skipped_lines)}
     for key, kind, table in read:
         if kind == SYSTEM:
