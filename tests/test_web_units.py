@@ -883,28 +883,64 @@ def test_entries_an_older_version_pickled_are_read_again_not_a_crash(tmp_path, m
 
 # --- the queue of background loads (web/jobs.py) ---------------------------------------------------
 
-def test_the_queue_dispatcher_closes_its_sqlite_connection_before_it_ends(tmp_path):
+def test_the_queue_dispatcher_closes_its_sqlite_connection_inside_the_fork_guard(tmp_path, monkeypatch):
     """The dispatcher thread ends when no job waits. Its connection to the job store, left to
     the thread's end, was closed outside the fork guard while another thread forked a load: the
     child hung for ever on SQLite's memory mutex (seen by gdb in a loaded burst of loads)."""
     import threading
 
-    from dashboard.web.cache import ForkSafeCache
+    import diskcache
+
+    from dashboard.web.cache import FORK_GUARD, ForkSafeCache
     from dashboard.web.jobs import QueueingManager
 
     manager = QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
-    left_open = []
+    closes, left_open = [], []
+    close = diskcache.Cache.close
+
+    def recording_close(self):
+        if getattr(self._local, "con", None) is not None:
+            closes.append(FORK_GUARD._inside > 0)  # a fork waits while a thread is inside
+        close(self)
+
+    monkeypatch.setattr(diskcache.Cache, "close", recording_close)
 
     def dispatcher():
         manager.handle.get("anything")  # the thread's connection, as a dispatch round opens it
-        assert getattr(manager.handle._local, "con", None) is not None
         manager._dispatch_while_pending()  # nothing pending: it ends at once
         left_open.append(getattr(manager.handle._local, "con", None))
 
     thread = threading.Thread(target=dispatcher)
     thread.start()
     thread.join(30)
-    assert left_open == [None]
+    assert left_open == [None] and closes == [True]
+
+
+def test_each_request_closes_its_threads_cache_connections_inside_the_fork_guard(tmp_path, monkeypatch):
+    """The development server runs each connection in a thread that ends with it: the same
+    hang as the dispatcher's, from every request thread, unless the request closes them."""
+    import diskcache
+
+    from dashboard.web.cache import FORK_GUARD
+    from dashboard.web.cache import JOBS_FOLDER
+    from dashboard.web.server import ServerOptions, create_app
+
+    closes = []
+    close = diskcache.Cache.close
+
+    def recording_close(self):
+        if getattr(self._local, "con", None) is not None:
+            closes.append((os.path.basename(self.directory), FORK_GUARD._inside > 0))
+        close(self)
+
+    monkeypatch.setattr(diskcache.Cache, "close", recording_close)
+    app = create_app(ServerOptions(cache_dir=str(tmp_path / "cache")))
+    jobs = app._background_manager.handle
+    # A request that reads the job store, as every poll of a background load does.
+    app.server.add_url_rule("/probe", "probe", lambda: (str(jobs.get("job-queue")), 200))
+    assert app.server.test_client().get("/probe").status_code == 200
+    assert (JOBS_FOLDER, True) in closes, closes
+    assert getattr(jobs._local, "con", None) is None  # (the test client runs the request in this thread)
 
 
 def test_a_result_written_as_its_job_ends_between_dashs_two_reads_is_collected(tmp_path):
@@ -917,7 +953,7 @@ def test_a_result_written_as_its_job_ends_between_dashs_two_reads_is_collected(t
     manager = QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
     key, job = "result-key", "q7"
     with manager.handle.transact():
-        manager.handle.set("job-queue", {7: ["no-such-host:1:x", 0, time.time()]})
+        manager.handle.set("job-queue", {7: ["no-such-host:1:x", 0, time.time(), None]})
     reads = []
     real_get = manager.handle.get
 
@@ -936,36 +972,92 @@ def test_a_result_written_as_its_job_ends_between_dashs_two_reads_is_collected(t
     assert manager.get_result("never-written", "q8") is manager.UNDEFINED  # a cancelled job stays one
 
 
-def test_a_finished_jobs_place_is_freed_only_once_its_process_is_gone(tmp_path):
+def _sleeper():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_finished_jobs_place_is_freed_only_once_its_process_is_gone(tmp_path, monkeypatch):
     """Dash terminates a job when it collects its result. Freed before the kill, the place let
     the next load start while this one's process still ran (2 loads at once with a limit of 1,
     with two cores busy)."""
-    import dash
-
+    from dashboard.web import jobs
     from dashboard.web.cache import ForkSafeCache
-    from dashboard.web.jobs import JOB_QUEUE, QueueingManager
 
-    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    job = _sleeper()
     try:
-        manager = QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+        manager = jobs.QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
         with manager.handle.transact():
-            manager.handle.set(JOB_QUEUE, {3: ["owner", job.pid, time.time()]})
+            manager.handle.set(jobs.JOB_QUEUE, {3: ["owner", job.pid, time.time(), jobs._started_at(job.pid)]})
         held_at_kill = []
-        kill = dash.DiskcacheManager.terminate_job
+        kill = jobs._kill
 
-        def recording_kill(self, pid):
-            held_at_kill.append(3 in (self.handle.get(JOB_QUEUE) or {}))
-            kill(self, pid)
+        def recording_kill(pid, started_at):
+            held_at_kill.append(3 in (manager.handle.get(jobs.JOB_QUEUE) or {}))
+            kill(pid, started_at)
             job.wait(10)  # reaped here, as the server reaps the children it forked
 
-        dash.DiskcacheManager.terminate_job = recording_kill
-        try:
-            manager.terminate_job("q3")
-        finally:
-            dash.DiskcacheManager.terminate_job = kill
+        monkeypatch.setattr(jobs, "_kill", recording_kill)
+        manager.terminate_job("q3")
         assert held_at_kill == [True]
         assert job.poll() is not None
-        assert 3 not in manager.handle.get(JOB_QUEUE)
+        assert 3 not in manager.handle.get(jobs.JOB_QUEUE)
+    finally:
+        job.kill()
+        job.wait(10)
+
+
+def test_a_job_cancelled_while_it_starts_is_killed_once_forked(tmp_path, monkeypatch):
+    """terminate_job on a place still "starting" frees it at once; the process forked for it a
+    moment later must not run without a place."""
+    import dash
+
+    from dashboard.web import jobs
+    from dashboard.web.cache import ForkSafeCache
+
+    manager = jobs.QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+    forked = []
+
+    def fork_while_cancelled(self, key, job_fn, args, context):
+        manager.terminate_job("q1")  # the page gave up while the fork ran
+        forked.append(_sleeper())
+        return forked[-1].pid
+
+    monkeypatch.setattr(dash.DiskcacheManager, "call_job_fn", fork_while_cancelled)
+    monkeypatch.setattr(manager, "_keep_dispatching", lambda: None)  # this test dispatches itself
+    manager._token = "owner-token"
+    with manager.handle.transact():
+        manager.handle.set(jobs.JOB_QUEUE, {1: [manager._token, 0, time.time(), None]})
+    manager._pending[1] = ("key", None, (), None)
+    monkeypatch.setattr(jobs, "_process_alive", lambda token: True)
+    manager._dispatch()
+    try:
+        assert len(forked) == 1
+        assert forked[0].wait(10) is not None  # killed
+        assert 1 not in (manager.handle.get(jobs.JOB_QUEUE) or {})
+        assert not manager.job_running("q1")
+    finally:
+        for process in forked:
+            process.kill()
+            process.wait(10)
+
+
+def test_a_running_jobs_place_outlasts_any_age_but_not_its_process(tmp_path):
+    """A long load keeps its place (it expired after 10 minutes, and the limit was broken); a
+    pid given to a later process is not the job's."""
+    from dashboard.web import jobs
+    from dashboard.web.cache import ForkSafeCache
+
+    job = _sleeper()
+    try:
+        manager = jobs.QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+        started_at = jobs._started_at(job.pid)
+        an_hour_ago = time.time() - 3600
+        with manager.handle.transact():
+            manager.handle.set(jobs.JOB_QUEUE, {5: ["owner", job.pid, an_hour_ago, started_at],
+                                                6: ["owner", job.pid, an_hour_ago, started_at - 50]})
+        assert manager.job_running("q5")
+        assert not manager.job_running("q6")  # the same pid, another process
+        assert sorted(manager._live(manager.handle.get(jobs.JOB_QUEUE))) == [5]
     finally:
         job.kill()
         job.wait(10)

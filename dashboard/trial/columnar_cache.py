@@ -118,15 +118,17 @@ class ColumnarFileCache:
 
     def __setitem__(self, key: str, entry: ParsedEntry) -> None:
         path = self.path_of(key)
-        data = _encode(entry)
+        header, body = _encode(entry)
+        size = len(header) + body.size
         try:
-            if shutil.disk_usage(self.directory).free - len(data) < self.keep_free_bytes:
+            if shutil.disk_usage(self.directory).free - size < self.keep_free_bytes:
                 return
             temporary = os.path.join(self.directory, f".{uuid.uuid4().hex}.tmp")
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
             try:
                 with os.fdopen(descriptor, "wb") as out:
-                    out.write(data)
+                    out.write(header)
+                    out.write(body)  # (Arrow's buffer as it is: no copy of the file in memory)
                 os.replace(temporary, path)  # whole or not at all, for every reader
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -135,7 +137,7 @@ class ColumnarFileCache:
         except OSError:
             return  # a full or read-only disk: the load goes on without keeping this file
         with self._lock:
-            self._written_since_cull += len(data)
+            self._written_since_cull += size
             cull = self._written_since_cull >= self.size_limit_bytes // 8
             if cull:
                 self._written_since_cull = 0
@@ -160,7 +162,8 @@ class ColumnarFileCache:
             total -= size
 
 
-def _encode(entry: ParsedEntry) -> bytes:
+def _encode(entry: ParsedEntry) -> tuple[bytes, pa.Buffer]:
+    """The file's header and its Arrow IPC body."""
     parsed = entry.parsed
     meta = json.dumps({"digest": entry.digest.hex(), "nbytes": entry.nbytes,
                        "lines_skipped": parsed.lines_skipped, "problems": parsed.problems}).encode()
@@ -169,7 +172,7 @@ def _encode(entry: ParsedEntry) -> bytes:
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     body = sink.getvalue()
-    return _HEADER.pack(MAGIC, zlib.crc32(body), body.size) + body.to_pybytes()
+    return _HEADER.pack(MAGIC, zlib.crc32(body), body.size), body
 
 
 def _decode(buffer: pa.Buffer) -> ParsedEntry | None:

@@ -30,6 +30,7 @@ from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, decompress, d
 from .store import READ_THREADS, FileInfo, LocalStore, S3Store, Store, fingerprint, open_store
 
 FRAMEWORK, SYSTEM = "framework", "system"
+CACHE_WRITERS = 4  # threads that write a load's new files to its file_cache
 KINETO = "kineto"  # a torch.profiler trace: framework rows, node read from the file
 Progress = Callable[[int, int], None]
 
@@ -753,10 +754,11 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
         raise NotATrialError(f"{path}: not a trial: found no {FORMATS_LOOKED_FOR} ({len(files)} other file(s), "
                              f"e.g. {report.files_skipped[0].path}: {report.files_skipped[0].reason})")
     # Kept only now that the whole load succeeded: a failed load leaves nothing behind. Written
-    # by threads (encoding and writing let go of the GIL): one after another, the 1,157 files of
-    # a 3M-GetNext trial took 2.7 s of its 15 s cold load.
+    # by a few threads (encoding and writing let go of the GIL): one after another, the 1,157
+    # files of a 3M-GetNext trial took 2.7 s of its 15 s cold load. A few: each holds its file's
+    # encoding meanwhile.
     if fresh:
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(fresh)))) as writers:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(fresh), CACHE_WRITERS))) as writers:
             list(writers.map(lambda item: file_cache.__setitem__(*item), fresh.items()))
     fresh.clear()  # its entries hold the tables: let framework_frame free each as it converts it
     tables = _near_the_trial(read, report, center_us)

@@ -193,9 +193,19 @@ class ForkSafeCache(diskcache.Cache):
 
     def close(self):
         """Closes the calling thread's connection. A thread that used the cache calls it before
-        it ends: left to the thread's end, the connection is closed outside the guard."""
+        it ends (the server after each request, the job queue's dispatcher before it stops):
+        left to the thread's end, the connection is closed outside the guard."""
         with FORK_GUARD.inside():
             super().close()
+
+    # diskcache's reads that run SQL outside a transaction (the culling's size and count).
+    def reset(self, *args, **kwargs):
+        with FORK_GUARD.inside():
+            return super().reset(*args, **kwargs)
+
+    def volume(self):
+        with FORK_GUARD.inside():
+            return super().volume()
 
 
 def _lock_token() -> str:

@@ -15,6 +15,7 @@ request of a server process gone is dropped (its page stops waiting, as for a ki
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -23,21 +24,66 @@ from typing import Callable
 import dash
 import psutil
 
-from .cache import LOCK_EXPIRE_S, _lock_token, _process_alive
+from .cache import _lock_token, _process_alive
 
 log = logging.getLogger("dashboard.web")
 
-JOB_QUEUE = "job-queue"  # {ticket: [owner token, started pid (0: waiting, -1: starting), since]}
+# {ticket: [owner token, pid, since, the pid's start time]}. pid 0: waiting; -1: starting (a
+# place taken, the process being forked); > 0: running. The start time tells the job's process
+# from a later one given the same pid: a running job keeps its place however long it runs.
+JOB_QUEUE = "job-queue"
 JOB_TICKET = "job-ticket"  # the last ticket given
 DISPATCH_EVERY_S = 0.1
 STARTING_EXPIRE_S = 60  # a process that marked a place "starting" and never said its pid
+KILL_WAIT_S = 1.0
 
 
-def _alive(pid: int) -> bool:
+def _started_at(pid: int) -> float | None:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(pid: int, started_at: float | None = None) -> bool:
+    """Whether the process runs (a zombie has ended), and is the one that started then."""
+    try:
+        process = psutil.Process(pid)
+        return (process.status() != psutil.STATUS_ZOMBIE
+                and (started_at is None or abs(process.create_time() - started_at) < 0.01))
     except psutil.Error:
         return False
+
+
+def _running(entry: list, now: float) -> bool:
+    """Whether the job of a queue entry still waits, starts or runs."""
+    owner, pid, since = entry[:3]
+    if pid > 0:
+        return _alive(pid, entry[3] if len(entry) > 3 else None)
+    if pid < 0:
+        return _process_alive(owner) and now - since < STARTING_EXPIRE_S
+    return _process_alive(owner)
+
+
+def _kill(pid: int, started_at: float | None) -> None:
+    """Kills a job's process and its children, and waits a moment for it to end; outside any
+    transaction of the job store (Dash's terminate_job holds one through its wait, and every
+    fork and write of the queue waits with it)."""
+    try:
+        process = psutil.Process(pid)
+        if started_at is not None and abs(process.create_time() - started_at) >= 0.01:
+            return  # another process given the job's pid: the job has ended
+        family = [*process.children(recursive=True), process]
+    except psutil.Error:
+        return
+    for member in family:
+        with contextlib.suppress(psutil.Error):
+            member.kill()
+    deadline = time.monotonic() + KILL_WAIT_S
+    while _alive(pid, started_at) and time.monotonic() < deadline:  # (a zombie has ended)
+        time.sleep(0.01)
+    with contextlib.suppress(psutil.Error):
+        process.wait(0)  # reaped, where this process forked it
 
 
 class QueueingManager(dash.DiskcacheManager):
@@ -74,18 +120,21 @@ class QueueingManager(dash.DiskcacheManager):
             with self.handle.transact():
                 queue = self.handle.get(JOB_QUEUE) or {}
                 ticket = self.handle.incr(JOB_TICKET)  # never one twice: a job id names one request
-                queue[ticket] = [self._token, 0, time.time()]
+                queue[ticket] = [self._token, 0, time.time(), None]
                 self.handle.set(JOB_QUEUE, queue)
             self._pending[ticket] = (key, job_fn, args, context)
-            if self._dispatcher is None or not self._dispatcher.is_alive():
-                self._dispatcher = threading.Thread(target=self._dispatch_while_pending, name="job-queue",
-                                                    daemon=True)
-                self._dispatcher.start()
+            self._keep_dispatching()
         try:
             self._dispatch()  # at once where a place is free
         except Exception:  # noqa: BLE001 - a busy store: the dispatcher tries again in a moment
             log.debug("starting a queued job failed; tried again", exc_info=True)
         return f"q{ticket}"
+
+    def _keep_dispatching(self) -> None:
+        """Starts the dispatcher thread unless it runs (called under self._lock)."""
+        if self._dispatcher is None or not self._dispatcher.is_alive():
+            self._dispatcher = threading.Thread(target=self._dispatch_while_pending, name="job-queue", daemon=True)
+            self._dispatcher.start()
 
     def _dispatch_while_pending(self) -> None:
         try:
@@ -116,7 +165,7 @@ class QueueingManager(dash.DiskcacheManager):
                 # The first `free` in line start, each in the process that has it.
                 start = [t for t in waiting[:free] if queue[t][0] == self._token and t in self._pending]
                 for ticket in start:
-                    queue[ticket][1:] = [-1, time.time()]
+                    queue[ticket][1:] = [-1, time.time(), None]
                 self.handle.set(JOB_QUEUE, queue)
             gone = [t for t in self._pending if t not in queue]  # cancelled (terminate_job) meanwhile
             for ticket in gone:
@@ -133,33 +182,45 @@ class QueueingManager(dash.DiskcacheManager):
                 if id(pending[1]) in self._reports:
                     self.handle.set(self._make_progress_key(pending[0]), self.queued_progress(ahead))
                 self._told[ticket] = ahead
-        for ticket, (key, job_fn, args, context) in jobs:
-            pid = super().call_job_fn(key, job_fn, args, context)  # (outside the transaction: a fork)
+        for ticket, job in jobs:
+            self._start(ticket, job)
+
+    def _start(self, ticket: int, job: tuple) -> None:
+        """Forks a job whose place is taken ("starting") and records its process."""
+        try:
+            pid = super().call_job_fn(*job)  # (outside the transaction: a fork)
+        except Exception:  # noqa: BLE001 - no process (fork refused: out of memory, of pids)
+            log.warning("a background load could not start; it waits for its turn again", exc_info=True)
+            with self._lock, self.handle.transact():
+                queue = self.handle.get(JOB_QUEUE) or {}
+                if ticket in queue:  # (unless cancelled meanwhile)
+                    queue[ticket][1:] = [0, time.time(), None]
+                    self.handle.set(JOB_QUEUE, queue)
+                    self._pending[ticket] = job
+                    self._keep_dispatching()
+            return
+        started_at = _started_at(pid)
+        try:
             with self.handle.transact():
                 queue = self.handle.get(JOB_QUEUE) or {}
                 cancelled = ticket not in queue  # while it was starting: it must not run without a place
                 if not cancelled:
-                    queue[ticket][1:] = [pid, time.time()]
+                    queue[ticket][1:] = [pid, time.time(), started_at]
                     self.handle.set(JOB_QUEUE, queue)
-            if cancelled:
-                super().terminate_job(pid)
+        except Exception:  # noqa: BLE001 - a job the queue cannot count must not run (its page
+            # then stops as for a cancelled job, once the place "starting" expires)
+            log.warning("a started background load could not be recorded; stopped", exc_info=True)
+            _kill(pid, started_at)
+            return
+        if cancelled:
+            _kill(pid, started_at)
 
     @staticmethod
     def _live(queue: dict) -> dict:
         """The queue without the entries of processes gone: jobs that ended (or were killed),
         and waiting requests of server processes that ended."""
         now = time.time()
-        kept = {}
-        for ticket, (owner, pid, since) in queue.items():
-            if pid > 0:  # (a place older than a lock's expiry: its pid may be another process now)
-                live = _alive(pid) and now - since < LOCK_EXPIRE_S
-            elif pid < 0:
-                live = _process_alive(owner) and now - since < STARTING_EXPIRE_S
-            else:
-                live = _process_alive(owner)
-            if live:
-                kept[ticket] = [owner, pid, since]
-        return kept
+        return {ticket: entry for ticket, entry in queue.items() if _running(entry, now)}
 
     # --- what the page's polls ask ---------------------------------------------------------
 
@@ -186,28 +247,33 @@ class QueueingManager(dash.DiskcacheManager):
         if ticket is None:
             return super().job_running(job)
         entry = self._entry(ticket)
-        if entry is None:
-            return False
-        owner, pid, since = entry
-        if pid > 0:
-            return _alive(pid)
-        return _process_alive(owner)
+        return entry is not None and _running(entry, time.time())
 
     def terminate_job(self, job):
         ticket = self._ticket(job)
         if ticket is None:
             return super().terminate_job(job)
-        # The process goes first, its place after: freed before, the place let the next job
-        # start while this one still ran (it had sent its result and was ending; 2 loads at
-        # once were seen with a limit of 1). Kept where the process outlived the kill's wait:
-        # the next look (_live) frees it once the process is gone.
-        entry = self._entry(ticket)
-        if entry is not None and entry[1] > 0:
-            super().terminate_job(entry[1])
+        # Decided in one transaction: a job waiting or starting leaves the queue at once (the
+        # process that starts it kills what it forked: _start); a running one is killed first
+        # and its place freed after. Freed before, the place let the next job start while
+        # this one still ran (it had sent its result and was ending; 2 loads at once were
+        # seen with a limit of 1). Kept where the process outlived the kill's wait: the next
+        # look (_live) frees it once the process is gone.
         with self.handle.transact():
             queue = self.handle.get(JOB_QUEUE) or {}
             entry = queue.get(ticket)
-            if entry is not None and not (entry[1] > 0 and _alive(entry[1])):
+            if entry is None:
+                return
+            if entry[1] <= 0:
+                del queue[ticket]
+                self.handle.set(JOB_QUEUE, queue)
+                return
+        pid, started_at = entry[1], entry[3] if len(entry) > 3 else None
+        _kill(pid, started_at)  # (a running job's pid is its last: no other can be written meanwhile)
+        with self.handle.transact():
+            queue = self.handle.get(JOB_QUEUE) or {}
+            entry = queue.get(ticket)
+            if entry is not None and not _alive(pid, started_at):
                 del queue[ticket]
                 self.handle.set(JOB_QUEUE, queue)
 

@@ -211,6 +211,16 @@ def create_app(options: ServerOptions) -> dash.Dash:
     # A cheap liveness probe for the container's HEALTHCHECK and load balancers.
     app.server.add_url_rule("/healthz", "healthz", lambda: ("ok\n", 200, {"Content-Type": "text/plain"}))
     app.layout = build_layout(options.default_trial)
+
+    @app.server.teardown_request
+    def close_cache_connections(_error):
+        # The development server runs each connection in a thread of its own, which ends with
+        # it: the thread's SQLite connections are closed here, under the fork guard, not by
+        # the thread's end while another thread forks a load (its child then hangs on SQLite's
+        # memory mutex; see jobs.py's dispatcher). Threads that stay (gunicorn's) reconnect.
+        jobs.close()
+        trials.disk.close()
+
     register_callbacks(app, Context(cache=trials, default_trial=options.default_trial,
                                     roots=options.allowed_roots(), s3_buckets=options.s3_buckets,
                                     max_bytes=options.max_bytes, max_events=options.max_events_limit))

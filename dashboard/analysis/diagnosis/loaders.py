@@ -277,33 +277,37 @@ def _calls_frame(framework: pd.DataFrame) -> pd.DataFrame:
     rows, segment_ids = getnext_segments(framework)
     process_labels, process_codes = per_category(framework["process"], str, "nan")
     class_labels, class_codes = per_category(framework["name"], iterator_class, "")
-    process_rank = np.unique(process_labels, return_inverse=True)[1][process_codes[rows]]
+    process_key = np.unique(process_labels, return_inverse=True)[1][process_codes[rows]]
     pid = ints_or(framework["pid"], -1)[rows]
     start = framework["start_us"].to_numpy(dtype=np.int64)[rows]
-    order = np.lexsort((start, segment_ids, process_rank))  # (stable, as the sort on labels was)
-    rows, pid, start, segment_ids, process_rank = (a[order] for a in (rows, pid, start, segment_ids, process_rank))
+    order = np.lexsort((start, segment_ids, process_key))  # (stable, as the sort on labels was)
+    rows, pid, start, segment_ids, process_key = (a[order] for a in (rows, pid, start, segment_ids, process_key))
     end = framework["end_us"].to_numpy(dtype=np.int64)[rows]
-    # A segment's calls are consecutive here (a segment is of one process).
-    first = np.ones(len(rows), dtype=bool)
-    first[1:] = segment_ids[1:] != segment_ids[:-1]
-    runs_start = np.flatnonzero(first)
-    index_in_segment = np.arange(len(rows)) - np.repeat(runs_start, np.diff(np.append(runs_start, len(rows))))
-    following = np.full(len(rows), np.nan)
-    following[:-1] = np.where(first[1:], np.nan, start[1:])
+    # A segment's calls are consecutive here: a segment is of one process, and each process
+    # (category) has one label, so one key.
+    starts_segment = np.ones(len(rows), dtype=bool)
+    starts_segment[1:] = segment_ids[1:] != segment_ids[:-1]
+    run_starts = np.flatnonzero(starts_segment)
+    index_in_segment = np.arange(len(rows)) - np.repeat(run_starts, np.diff(np.append(run_starts, len(rows))))
+    next_start_in_segment = np.full(len(rows), np.nan)
+    next_start_in_segment[:-1] = np.where(starts_segment[1:], np.nan, start[1:])
     # The next GetNext of the same process (any iterator): by (process, pid, start).
-    by_process = np.lexsort((start, pid, process_rank))
-    process_in, pid_in, start_in = process_rank[by_process], pid[by_process], start[by_process]
+    by_process = np.lexsort((start, pid, process_key))
+    process_in, pid_in, start_in = process_key[by_process], pid[by_process], start[by_process]
     same = (process_in[1:] == process_in[:-1]) & (pid_in[1:] == pid_in[:-1])
     next_start = np.full(len(rows), _FAR, dtype=np.int64)
     next_start[by_process[:-1]] = np.where(same, start_in[1:], _FAR)
-    column = lambda name: framework[name].take(rows).reset_index(drop=True)  # noqa: E731
+
+    def column(name: str) -> pd.Series:
+        return framework[name].take(rows).reset_index(drop=True)
+
     return pd.DataFrame({
         "process": pd.Series(process_labels[process_codes[rows]], dtype=object), "pid": pid,
         "cls": pd.Series(class_labels[class_codes[rows]], dtype=object),
         "start_us": start, "end_us": end, "duration_us": framework["duration_us"].to_numpy(dtype=np.int64)[rows],
         "worker_id": column("worker_id"), "num_workers": column("num_workers"),
         "iterator_id": column("iterator_id"), "segment": segment_ids, "index": index_in_segment,
-        "next_start_us": next_start, "compute_us": following - end}).set_axis(framework.index[rows])
+        "next_start_us": next_start, "compute_us": next_start_in_segment - end}).set_axis(framework.index[rows])
 
 
 def _inits_frame(framework: pd.DataFrame) -> pd.DataFrame:
