@@ -393,6 +393,8 @@ class S3Server:
         self.hold_from: str | None = None  # a path, /bucket/key
         self.held = threading.Event()
         self.dead = threading.Event()
+        self.let_go = threading.Event()  # held GETs go on: dropped (die) or served (release)
+        self.released = threading.Event()
 
     def start(self) -> "S3Server":
         from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
@@ -411,8 +413,8 @@ class S3Server:
                 self._server.serve_forever()
 
         self.hold_from = None
-        self.held.clear()
-        self.dead.clear()
+        for event in (self.held, self.dead, self.let_go, self.released):
+            event.clear()
         self.server = Server(ip_address=HOST, port=self.port, verbose=False)
         self.server.start()
         host, self.port = self.server.get_host_and_port()
@@ -429,8 +431,9 @@ class S3Server:
             if (self.hold_from is not None and environ["REQUEST_METHOD"] == "GET"
                     and object_path.startswith(f"/{BUCKET}/{PREFIX}/") and object_path >= self.hold_from):
                 self.held.set()
-                self.dead.wait(60)
-                self._drop(environ)
+                self.let_go.wait(60)
+                if not self.released.is_set():
+                    self._drop(environ)
             return app(environ, start_response)
 
         return serve
@@ -465,9 +468,16 @@ class S3Server:
     def arm(self, hold_from_key: str) -> None:
         self.hold_from = f"/{BUCKET}/{hold_from_key}"
 
+    def release(self) -> None:
+        """Every held GET goes on, and no other is held: a slow S3, not a dead one."""
+        self.hold_from = None
+        self.released.set()
+        self.let_go.set()
+
     def die(self) -> None:
         self.server.stop()  # new connections are refused from here on
         self.dead.set()  # and every held or kept-alive one is dropped
+        self.let_go.set()
 
     def client(self):
         import boto3

@@ -718,3 +718,39 @@ def test_at_1440_the_tables_fit_an_outlier_is_marked_and_the_header_hides_nothin
         driver.save_screenshot(os.path.join(shots, f"page-1440x900-{name}.png"))
     screenshot(driver, os.path.join(shots, "page-1440x900-full.png"))
     assert os.path.getsize(os.path.join(shots, "page-1440x900-full.png")) > 50_000
+
+
+def test_a_load_waiting_for_its_turn_says_its_place_then_loads(dash_duo, tmp_path, monkeypatch):
+    """A server that runs one load at a time (max_loads=1), in a real browser: while one tab's
+    trial is read from an S3 that holds every object, a second tab's load waits, saying so
+    ("Queued (0 ahead)"); once S3 answers, the first trial loads, then the second."""
+    from test_server_hardening import BUCKET, PREFIX, S3Server
+
+    first, second = write(tmp_path / "first", seed=1), write(tmp_path / "second", train_batches=30, seed=2)
+    s3 = S3Server().start()
+    try:
+        s3.upload(str(tmp_path / "first"))
+        for name, value in {"AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(name, value)  # (the forked loads inherit them)
+        start(dash_duo, tmp_path, tmp_path / "second", max_loads=1)
+        wait_loaded(dash_duo, len(second.of_kind("getnext")))  # the default trial, before any hold
+        driver = dash_duo.driver
+        s3.arm(f"{PREFIX}/")
+        driver.get(dash_duo.server_url + "/?" + urllib.parse.urlencode({"trial": f"s3://{BUCKET}/{PREFIX}"}))
+        assert s3.held.wait(60), "the first tab's load never asked S3 for its files"
+        first_tab = driver.current_window_handle
+        driver.switch_to.new_window("tab")
+        driver.get(dash_duo.server_url + "/?" + urllib.parse.urlencode({"trial": str(tmp_path / "second")}))
+        queued = wait_until(lambda: (lambda t: t if "Queued (0 ahead)" in t else None)(text(dash_duo, "load-status")),
+                            timeout=60, message="the second tab to say its place")
+        assert "1 loads at a time" in queued, queued
+        assert text(dash_duo, "getnext-count") != str(len(second.of_kind("getnext")))  # not loaded meanwhile
+        s3.release()
+        wait_loaded(dash_duo, len(second.of_kind("getnext")), timeout=90)
+        assert "Queued" not in text(dash_duo, "load-status")
+        driver.switch_to.window(first_tab)
+        wait_loaded(dash_duo, len(first.of_kind("getnext")), timeout=90)
+        assert_no_traceback(dash_duo)
+    finally:
+        s3.stop()
