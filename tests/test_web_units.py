@@ -258,6 +258,33 @@ def test_cache_serves_an_unchanged_trial_and_rereads_a_changed_one(tmp_path):
         second.of_kind("getnext"))
 
 
+def test_a_warm_load_finds_its_page_ready_without_reading_the_trial_back(tmp_path, monkeypatch):
+    """A load whose trial, analysis and assessment are all on the disk already answers from the
+    listing and the trial's span (the page's server process reads what it draws); anything
+    missing, changed or unreadable takes the reading path."""
+    folder = str(tmp_path / "trial")
+    synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
+    cache = TrialCache(str(tmp_path / "cache"), 64)
+    key, trial, _ = cache.load(folder, roots=[str(tmp_path)])
+    other = TrialCache(str(tmp_path / "cache"), 64)  # another server process
+    assert other.ready(key, [None]) is None  # no analyses yet
+    cache.analysis(key, trial)
+    cache.assessment(key, trial)
+    listed_key, _, files = other.listing(folder, roots=[str(tmp_path)])
+    assert listed_key == key and files
+    assert other.ready(key, [None]) == (trial.start_us, trial.end_us)
+    assert other.memory.get(f"trial:{key}") is None  # (not read back)
+    assert other.ready(key, [None, trial.nodes[0]]) is None  # a node's analysis: not computed yet
+    # A trial entry that cannot be read any more (damaged) leaves the disk: the next load reads.
+    real_get = other.disk.get
+    monkeypatch.setattr(other.disk, "get", lambda name, *a, **k: (_ for _ in ()).throw(EOFError("damaged"))
+                        if name == f"trial:{key}" else real_get(name, *a, **k))
+    assert other.trial(key) is None
+    assert other.ready(key, [None]) is None
+    again_key, again, cached = TrialCache(str(tmp_path / "cache"), 64).load(folder, roots=[str(tmp_path)])
+    assert again_key == key and not cached and len(again.framework) == len(trial.framework)
+
+
 def test_loads_of_one_trial_at_once_read_it_once(tmp_path):
     """Four server processes (each its own cache object on the shared folder) asked for the
     same new trial at the same moment: one reads it, the others wait and get its result."""

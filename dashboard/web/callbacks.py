@@ -193,21 +193,27 @@ def register_callbacks(app, context: Context) -> None:
             if not path:
                 return no_update, "Type a trial path (a local folder or s3://bucket/prefix) and press Load."
             set_progress(("0", "1", f"Listing {path}…"))
-            key, trial, cached = context.cache.load(path, roots=context.roots, s3_buckets=context.s3_buckets,
-                                                    on_progress=progress, on_listed=listed, on_wait=waiting,
-                                                    max_bytes=context.max_bytes, max_events=context.max_events)
-            set_progress(("1", "1", "Analyzing…"))
             node = request.get("node") or ""
-            for part in ([None, node] if node else [None]):
-                context.cache.analysis(key, trial, part)
-                context.cache.assessment(key, trial, part)
-            not_kept = context.cache.not_kept()
+            parts = [None, node] if node else [None]
+            listing = context.cache.listing(path, roots=context.roots, s3_buckets=context.s3_buckets,
+                                            on_listed=listed)
+            key = listing[0]
+            span, cached, not_kept = context.cache.ready(key, parts), True, None
+            if span is None:  # (else the page reads what it needs from the cache itself)
+                key, trial, cached = context.cache.load(path, roots=context.roots, s3_buckets=context.s3_buckets,
+                                                        on_progress=progress, on_wait=waiting, listed=listing,
+                                                        max_bytes=context.max_bytes, max_events=context.max_events)
+                set_progress(("1", "1", "Analyzing…"))
+                for part in parts:
+                    context.cache.analysis(key, trial, part)
+                    context.cache.assessment(key, trial, part)
+                span, not_kept = (trial.start_us, trial.end_us), context.cache.not_kept()
         except TrialError as exc:
             return no_update, views.load_error_text(exc)
         except Exception as exc:  # noqa: BLE001 - the page gets a message, the log the traceback
             return no_update, _unexpected(f"Loading {path}", exc)
         # The URL shows the path in its one spelling: opened again, it names the same trial.
-        return {"path": trial_spelling(path), "key": key, "start_us": trial.start_us, "end_us": trial.end_us,
+        return {"path": trial_spelling(path), "key": key, "start_us": span[0], "end_us": span[1],
                 "window": request.get("window"), "node": request.get("node"),
                 "from_cache": cached, "loaded": views.now_iso(), "nonce": request.get("nonce")}, (
                     f"The server's cache could not keep this trial ({not_kept}): it is shown, and read "
