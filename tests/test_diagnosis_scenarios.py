@@ -128,7 +128,11 @@ CPU_GAIN_TOLERANCE = 0.20
 HANDOFF_CHEAPER_SPIN = "10000"
 HANDOFF_RUNS = 2
 HANDOFF_RATIO_MAX = 0.7
-DELIVERY_ITSELF_MAX_S = 1e-3  # torch's per-batch cost for small batches (0.3-1 ms), 7x the worst seen
+# Of a ready batch's wait in the planted run, the hand-over's share: 0.97-0.98 quiet (4.8-6.9 ms,
+# delivery itself 0.11-0.15 ms), 0.78 in a full suite run with two `yes` (3.5 of 4.5 ms, delivery
+# itself at its 1 ms cap). (This replaced "delivery itself <= 1 ms", which its cap always met: it
+# failed once only on the rounding of 0.004544 - 0.003544.)
+HANDOFF_SHARE_MIN = 0.5
 # Alike workers in lock-step: the trap the pairing job sets is that the waits fall on one
 # worker's batches (first in line each round, worker 0's unless the load shifts the phase)
 # although both fetch alike. Measured: that worker's median wait was 38-122x the other's
@@ -365,11 +369,11 @@ def test_cheaper_samples_shorten_the_hand_over_the_cpu_finding_names(jobs):
     handoffs = {way: [only_budget(run).evidence["handoff_s"] for run in done] for way, done in runs.items()}
     mean = {way: sum(values) / len(values) for way, values in handoffs.items()}
     assert mean["cheaper"] <= HANDOFF_RATIO_MAX * mean["planted"], handoffs
-    # What is left of a ready batch's wait is delivery itself, which the bar for the finding
-    # sets aside: 0.11..0.15 ms in the 12 runs of the first measurements, quiet and loaded.
-    for run in runs["planted"] + runs["cheaper"]:
+    # Most of a ready batch's wait is the hand-over the finding names; the rest is delivery
+    # itself, which the bar for the finding sets aside (see HANDOFF_SHARE_MIN).
+    for run in runs["planted"]:
         evidence = only_budget(run).evidence
-        assert evidence["delivery_s"] - evidence["handoff_s"] <= DELIVERY_ITSELF_MAX_S, evidence
+        assert evidence["handoff_s"] >= HANDOFF_SHARE_MIN * evidence["delivery_s"], evidence
 
 
 def test_more_workers_gain_what_the_model_predicts_when_the_cores_are_saturated(jobs):
