@@ -45,13 +45,12 @@ class SkippedFile:
 @dataclass
 class LoadReport:
     """What was read and what was skipped, and why. Skips are reported, never silent."""
-    files_read: int = 0
     files_skipped: list[SkippedFile] = field(default_factory=list)
-    lines_skipped: int = 0
     # Files read with some lines skipped: (path, reason).
     files_with_skipped_lines: list[SkippedFile] = field(default_factory=list)
-    # Which files were read, and the lines skipped in each: a report can be narrowed to some
-    # of its files (restricted_to), as per-rank work needs for the files several ranks read.
+    # Which files were read, and the lines skipped in each (the counts are read from them): a
+    # report can be narrowed to some of its files (restricted_to), as per-rank work needs for
+    # the files several ranks read.
     read_paths: list[str] = field(default_factory=list, repr=False)
     lines_skipped_by_path: dict[str, int] = field(default_factory=dict, repr=False)
     # Per file, what per-rank work checks across ranks as a whole load checks it across files:
@@ -61,6 +60,14 @@ class LoadReport:
     bytes_by_path: dict[str, int] = field(default_factory=dict, repr=False)
     file_times: dict[str, tuple[int, int, int, int]] = field(default_factory=dict, repr=False)
     center_us: int | None = field(default=None, repr=False)  # that median time
+
+    @property
+    def files_read(self) -> int:
+        return len(self.read_paths)
+
+    @property
+    def lines_skipped(self) -> int:
+        return sum(self.lines_skipped_by_path.values())
 
     @property
     def complete(self) -> bool:
@@ -73,7 +80,7 @@ class LoadReport:
         read = [p for p in self.read_paths if p in paths]
         by_path = {p: n for p, n in self.lines_skipped_by_path.items() if p in paths}
         mine = lambda values: {p: v for p, v in values.items() if p in paths}  # noqa: E731
-        return LoadReport(len(read), [f for f in self.files_skipped if f.path in paths], sum(by_path.values()),
+        return LoadReport([f for f in self.files_skipped if f.path in paths],
                           [f for f in self.files_with_skipped_lines if f.path in paths], read, by_path,
                           mine(self.digests), mine(self.bytes_by_path), mine(self.file_times), self.center_us)
 
@@ -221,8 +228,6 @@ def merge_facts(path: str, parts: Sequence[TrialFacts], report: LoadReport) -> T
     """The facts of a trial read in parts; `report` holds what the parts did not read (files no
     part was given), and gains theirs, files in path order."""
     for part in parts:
-        report.files_read += part.report.files_read
-        report.lines_skipped += part.report.lines_skipped
         report.files_skipped += part.report.files_skipped
         report.files_with_skipped_lines += part.report.files_with_skipped_lines
         report.read_paths += part.report.read_paths
@@ -612,7 +617,6 @@ def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport,
             why = (f"{far} {'record' if kind == SYSTEM else 'event'}(s) more than "
                    f"{duration_text(MAX_EVENT_FROM_TRIAL_US)} from the trial's median time "
                    f"({iso_utc(center)})")
-            report.lines_skipped += far
             report.lines_skipped_by_path[key] = report.lines_skipped_by_path.get(key, 0) + far
             if key in reasons:
                 earlier = report.files_with_skipped_lines[reasons[key]]
@@ -731,12 +735,10 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
                     reason = f"{NOT_A_TRIAL_FILE}, and {reason})"  # a JSON file looked at for a trace
                 report.files_skipped.append(SkippedFile(info.key, reason, parsed.transient))
             else:
-                report.files_read += 1
                 report.read_paths.append(info.key)
                 if parsed.table is not None:
                     read.append((info.key, kind, parsed.table))
             if parsed.lines_skipped and original == info.key:
-                report.lines_skipped += parsed.lines_skipped
                 report.lines_skipped_by_path[info.key] = parsed.lines_skipped
                 report.files_with_skipped_lines.append(
                     SkippedFile(info.key, "; ".join(parsed.problems) or "bad lines"))
