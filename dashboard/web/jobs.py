@@ -45,21 +45,34 @@ def _started_at(pid: int) -> float | None:
         return None
 
 
-def _alive(pid: int, started_at: float | None = None) -> bool:
-    """Whether the process runs (a zombie has ended), and is the one that started then."""
+def _process(pid: int, started_at: float | None = None) -> psutil.Process | None:
+    """The process of that pid, if it runs (a zombie has ended) and is the one that started
+    then (not a later one given the same pid)."""
     try:
         process = psutil.Process(pid)
-        return (process.status() != psutil.STATUS_ZOMBIE
-                and (started_at is None or abs(process.create_time() - started_at) < 0.01))
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if started_at is not None and abs(process.create_time() - started_at) >= 0.01:
+            return None
+        return process
     except psutil.Error:
-        return False
+        return None
+
+
+def _alive(pid: int, started_at: float | None = None) -> bool:
+    return _process(pid, started_at) is not None
+
+
+def _started_of(entry: list) -> float | None:
+    """A queue entry's process start time (None in an entry of an older version)."""
+    return entry[3] if len(entry) > 3 else None
 
 
 def _running(entry: list, now: float) -> bool:
     """Whether the job of a queue entry still waits, starts or runs."""
     owner, pid, since = entry[:3]
     if pid > 0:
-        return _alive(pid, entry[3] if len(entry) > 3 else None)
+        return _alive(pid, _started_of(entry))
     if pid < 0:
         return _process_alive(owner) and now - since < STARTING_EXPIRE_S
     return _process_alive(owner)
@@ -69,10 +82,10 @@ def _kill(pid: int, started_at: float | None) -> None:
     """Kills a job's process and its children, and waits a moment for it to end; outside any
     transaction of the job store (Dash's terminate_job holds one through its wait, and every
     fork and write of the queue waits with it)."""
+    process = _process(pid, started_at)
+    if process is None:
+        return  # ended (or its pid is another process's now)
     try:
-        process = psutil.Process(pid)
-        if started_at is not None and abs(process.create_time() - started_at) >= 0.01:
-            return  # another process given the job's pid: the job has ended
         family = [*process.children(recursive=True), process]
     except psutil.Error:
         return
@@ -80,7 +93,7 @@ def _kill(pid: int, started_at: float | None) -> None:
         with contextlib.suppress(psutil.Error):
             member.kill()
     deadline = time.monotonic() + KILL_WAIT_S
-    while _alive(pid, started_at) and time.monotonic() < deadline:  # (a zombie has ended)
+    while _alive(pid, started_at) and time.monotonic() < deadline:
         time.sleep(0.01)
     with contextlib.suppress(psutil.Error):
         process.wait(0)  # reaped, where this process forked it
@@ -268,7 +281,7 @@ class QueueingManager(dash.DiskcacheManager):
                 del queue[ticket]
                 self.handle.set(JOB_QUEUE, queue)
                 return
-        pid, started_at = entry[1], entry[3] if len(entry) > 3 else None
+        pid, started_at = entry[1], _started_of(entry)
         _kill(pid, started_at)  # (a running job's pid is its last: no other can be written meanwhile)
         with self.handle.transact():
             queue = self.handle.get(JOB_QUEUE) or {}
