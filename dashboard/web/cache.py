@@ -255,6 +255,11 @@ def trial_key(path: str, listing_fingerprint: str) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
+def _derived_name(what: str, key: str, node: str | None, factor: float) -> str:
+    """The cache's name of an analysis ("analysis", "assessment") of a trial's node."""
+    return f"{what}:{key}:{node or ''}:{factor:g}"
+
+
 class _Memory:
     """A small LRU of objects this process already unpickled or computed."""
 
@@ -440,7 +445,7 @@ class TrialCache:
         the trial (whole: kept only so), and the analysis and assessment of each node; else
         None. Nothing is read back: a warm 3M-GetNext trial's load spent 0.6 s unpickling
         what its page then reads again in the server's own process."""
-        names = [f"trial:{key}", *(f"{what}:{key}:{node or ''}:{factor:g}" for node in nodes
+        names = [f"trial:{key}", *(_derived_name(what, key, node, factor) for node in nodes
                                    for what in ("analysis", "assessment"))]
         if not all(name in self.disk for name in names):
             return None
@@ -496,7 +501,7 @@ class TrialCache:
     def analysis(self, key: str, trial: Trial, node: str | None = None,
                  factor: float = DEFAULT_OUTLIER_FACTOR) -> DataLoaderAnalysis:
         """The DataLoader analysis of a cached trial (or of one node of it), computed once."""
-        return self._once(f"analysis:{key}:{node or ''}:{factor:g}",
+        return self._once(_derived_name("analysis", key, node, factor),
                           lambda: dataloader.analyze(trial.for_node(node).framework, factor))[0]
 
     def assessment(self, key: str, trial: Trial, node: str | None = None,
@@ -507,7 +512,7 @@ class TrialCache:
             part = trial.for_node(node)
             return diagnosis.assess(part.framework, part.system, factor)
 
-        return self._once(f"assessment:{key}:{node or ''}:{factor:g}", assess)[0]
+        return self._once(_derived_name("assessment", key, node, factor), assess)[0]
 
     def memo(self, name: str, compute: Callable[[], object]):
         """An object derived from cached data, kept in this process's memory only."""
