@@ -1047,6 +1047,15 @@ def test_gunicorn_on_loopback_answers_only_loopback_host_names(tmp_path):
         assert requests.get(url, headers={"Host": f"rebound.example:{port}"}, timeout=30).status_code == 200
 
 
+def command_line(process: psutil.Process) -> str:
+    """A process's command line; "" for one that ended (an earlier test's child not yet reaped
+    is a zombie, whose command line psutil refuses)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def test_gunicorn_servers_of_one_cache_folder_share_the_max_loads_places(tmp_path):
     """Two servers of the shipped command (3 workers each) on one cache folder, with
     DASHBOARD_MAX_LOADS=1: loads started by both still run one at a time (the places are in the
@@ -1055,7 +1064,7 @@ def test_gunicorn_servers_of_one_cache_folder_share_the_max_loads_places(tmp_pat
     written = {str(data / f"trial-{i}"): write_trial(str(data / f"trial-{i}"), epochs=2, seed=i) for i in range(12)}
     with dockerfile_server(tmp_path, DASHBOARD_MAX_LOADS="1") as first, \
             dockerfile_server(tmp_path, DASHBOARD_MAX_LOADS="1") as second:
-        masters = [p for p in psutil.Process().children() if any(f"{HOST}:{port}" in " ".join(p.cmdline())
+        masters = [p for p in psutil.Process().children() if any(f"{HOST}:{port}" in command_line(p)
                                                                    for port in (first, second))]
         assert len(masters) == 2
         running, starters, done = [], set(), threading.Event()
