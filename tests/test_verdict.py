@@ -54,9 +54,10 @@ class Planted:
 def plant(folder, *, epochs=1, batches=40, num_workers=2, persistent=True, cls=MP, init_us=30_000,
           first_us=2_000, getnext_us=lambda epoch, batch, worker: 500, step_us=50_000,
           pin_memory=True, host=1, cpu_percent=40.0, cores=4, iowait=lambda t_us: 0.5, gpus=0,
-          fetch_us=None, system=True) -> Planted:
+          fetch_us=None, fetch_ready_us=0, system=True) -> Planted:
     """A one-process training job: per epoch an init (unless persistent after the first),
-    then GetNext + train step per batch, batch b served by worker b mod num_workers."""
+    then GetNext + train step per batch, batch b served by worker b mod num_workers; each
+    fetch (fetch_us, when given) ends fetch_ready_us before its GetNext ends."""
     node = fmt.framework_node_id(MAIN_PID, host)
     writer = TraceWriter(folder, node, start_time_us=START_US, rotate_s=3600)
     planted = Planted(folder)
@@ -77,7 +78,8 @@ def plant(folder, *, epochs=1, batches=40, num_workers=2, persistent=True, cls=M
             planted.getnext.append((epoch, batch, worker, t, t + duration))
             if fetch_us is not None:
                 fetch = fetch_us(batch, worker)
-                writer.complete(fmt.PHASE_WORKER_FETCH, f"{cls}.fetch", t + duration - fetch, t + duration,
+                end = t + duration - fetch_ready_us
+                writer.complete(fmt.PHASE_WORKER_FETCH, f"{cls}.fetch", end - fetch, end,
                                 {fmt.ARG_PID: MAIN_PID + 1 + worker, fmt.ARG_WORKER_ID: worker})
             t += duration
             writer.complete(fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_TRAIN, t, t + step_us,
@@ -268,6 +270,31 @@ def test_saturated_cpus_say_more_workers_will_not_help(tmp_path):
     doubled = found.evidence["more_workers_predicted"]
     assert doubled["training_s"] == pytest.approx((40 * 30_000 + wait_after) / 1e6, abs=0.05)
     assert "taking cores from the other processes" in found.text
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_a_hand_over_is_the_workers_cpu_work_only_as_often_as_they_are_busy(tmp_path, busy):
+    # Ready batches (their fetch ended 2 ms before the ask) wait 4 ms each to be handed over,
+    # on a saturated host. Workers fetching nearly all the time (66 of every 68 ms) hold
+    # it up with their next sample: cpu_saturated, cheaper samples. Workers fetching 3 ms
+    # of every 68 do not: the wait is delivery on a host whose other processes hold the
+    # cores, which neither cheaper samples nor more workers remove: no finding.
+    getnext, step = 4_000, 30_000
+    plant(str(tmp_path), batches=60, cores=2, cpu_percent=100.0, step_us=step, first_us=getnext,
+          getnext_us=lambda *_: getnext, fetch_us=lambda *_: 66_000 if busy else 3_000, fetch_ready_us=getnext + 2_000)
+    [budget] = dashboard.analyze(str(tmp_path)).budget
+    assert budget.bound == "cpu"
+    assert budget.evidence["handoff_s"] == pytest.approx((getnext - 1_000) / 1e6)  # above delivery's 1 ms cap
+    share = (66_000 if busy else 3_000) / (2 * (getnext + step))  # fetching, of each worker's two rounds
+    assert budget.evidence["worker_busy"] == pytest.approx(share, abs=0.02)
+    items = findings(str(tmp_path))
+    if busy:
+        assert set(items) == {"cpu_saturated"}, items
+        assert items["cpu_saturated"].evidence["own_handoff_s"] == pytest.approx(
+            budget.evidence["handoff_s"] * budget.evidence["worker_busy"])
+        assert "handed over" in items["cpu_saturated"].text
+    else:
+        assert items == {}, items
 
 
 def test_cpu_headroom_suggests_a_worker_count_and_its_saving(tmp_path):

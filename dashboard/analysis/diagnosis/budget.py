@@ -239,6 +239,10 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
         evidence.update({"steady_wait_s": [round(float(b) / 1e6, 6) for b in base_by_worker],
                          "tail_batches": int(tail_mask.sum()),
                          "service_median_s": round(float(np.median(model.service_us)) / 1e6, 6),
+                         # The share of the time a worker was fetching: a finished batch's
+                         # hand-over waits for its worker's next sample only that often.
+                         "worker_busy": round(min(1.0, float(np.sum(model.service_us))
+                                                  / (workers * max(training_us, 1.0))), 3),
                          "stretch": round(model.stretch(workers), 3),
                          "cores_for_workers": None if model.cores_for_workers is None
                          else round(model.cores_for_workers, 2),
