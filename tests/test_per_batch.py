@@ -58,6 +58,11 @@ def test_a_loader_on_one_process_is_that_process_only(two_hosts):
     batches = per_batch.loader_batches(framework, iterator=synthetic.TRAIN_ITER, process=second[0])
     want = independent_batches(written, host="algo-2")
     assert batches.start_us.tolist() == [w[0] for w in want]
+    # By node: the same batches (one training process on it).
+    node = framework[(framework["pid"] == 20_002)]["node"].astype(str).unique().tolist()
+    by_node = per_batch.loader_batches(framework, iterator=synthetic.TRAIN_ITER, node=node[0])
+    assert by_node.start_us.tolist() == [w[0] for w in want]
+    assert len(per_batch.loader_batches(framework, iterator=synthetic.TRAIN_ITER, node="no-such-node")) == 0
     assert len(per_batch.loader_batches(framework, iterator="_NoSuchIter")) == 0
 
 

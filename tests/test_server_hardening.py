@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import re
 import signal
@@ -235,6 +236,73 @@ def test_two_server_processes_load_the_same_trial_at_once_and_share_one_cache_en
     finally:
         for server in servers:
             server.stop()
+
+
+def first_page(page: DashSession, store: dict) -> dict:
+    """What a page shows once a trial is loaded: the panels, the first window, the ranks."""
+    shown = dict(show(page, store))
+    set_window = page.call(page.find("window-store.data"), {"trial-store.data": store}, ["trial-store.data"])
+    assert set_window.status == 200, set_window.text[:300]
+    window = set_window.values["window-store.data"]
+    assert (window["start_us"], window["end_us"]) == (store["start_us"], store["end_us"])  # the whole job
+    drawn = page.call(page.find("window-graph.figure"),
+                      {"window-store.data": window, "select-events.value": ".*", "select-dimensions.value": ".*",
+                       "node-select.value": "", "what-if-loader.value": "", "trial-store.data": store},
+                      ["window-store.data"])
+    heatmap = page.call(page.find("rank-heatmap.figure"),
+                        {"trial-store.data": store, "rank-order.value": "host", "window-store.data": window},
+                        ["trial-store.data"])
+    for result in (drawn, heatmap):
+        assert result.status == 200, result.text[:300]
+        shown.update(result.values)
+    return {"shown": shown, "window": window}
+
+
+class Unreadable:
+    """A cache value that cannot be unpickled (as one damaged on the disk)."""
+
+    def __reduce__(self):
+        return operator.truediv, (1, 0)
+
+
+def test_a_second_server_shows_a_warm_trials_first_page_without_reading_the_trial(tmp_path):
+    """The panels, the first window and the ranks a server drew are kept on the cache's disk: a
+    new server process shows the same first page from them. Proof that it reads no trial: the
+    trial's own entry is made unreadable after the first server drew the page; only a window
+    the first page did not draw (a drag) then needs the trial, and says it is gone."""
+    data = tmp_path / "data"
+    trial = str(data / "trial")
+    write_trial(trial, hosts=2, epochs=2, train_batches=40)
+    cache = tmp_path / "cache"
+    (first,) = start_servers(tmp_path, 1, "serve", "--cache-dir", str(cache), "--data-root", str(data))
+    try:
+        page = first.page()
+        store = loaded_store(load(page, trial))
+        drawn = first_page(page, store)
+        errors = {k: v for k, v in drawn["shown"].items() if "error" in k and v}
+        assert not errors and drawn["shown"]["getnext-count.children"] != "0", errors
+    finally:
+        first.stop()
+    with diskcache.Cache(os.path.join(str(cache), "trials")) as disk:
+        name = f"trial:{store['key']}"
+        assert name in disk
+        disk[name] = Unreadable()
+    (second,) = start_servers(tmp_path, 1, "serve", "--cache-dir", str(cache), "--data-root", str(data))
+    try:
+        page = second.page()
+        again = loaded_store(load(page, trial))
+        same = ("key", "path", "start_us", "end_us")
+        assert again["from_cache"] and {k: again[k] for k in same} == {k: store[k] for k in same}
+        assert first_page(page, again) == drawn
+        # A window the first page did not draw reads the trial: gone, and the page says so.
+        window = {**drawn["window"], "end_us": drawn["window"]["start_us"] + 1_000_000}
+        dragged = page.call(page.find("window-graph.figure"),
+                            {"window-store.data": window, "select-events.value": ".*",
+                             "select-dimensions.value": ".*", "node-select.value": "",
+                             "what-if-loader.value": "", "trial-store.data": again}, ["window-store.data"])
+        assert dragged.status == 200 and "no longer in the server's cache" in dragged.values["window-error.children"]
+    finally:
+        second.stop()
 
 
 def test_a_load_starting_while_another_request_holds_the_job_store_completes(tmp_path):

@@ -18,7 +18,7 @@ from dashboard import display, synthetic
 from dashboard.analysis import dataloader, decimate
 from dashboard.trial.errors import NotATrialError, TrialAccessError, TrialNotFoundError
 from dashboard.web import figures, views
-from dashboard.web.cache import TrialCache
+from dashboard.web.cache import CODE_VERSION, TrialCache
 from tests.conftest import ROOT
 
 
@@ -285,6 +285,27 @@ def test_a_warm_load_finds_its_page_ready_without_reading_the_trial_back(tmp_pat
     assert again_key == key and not cached and len(again.framework) == len(trial.framework)
 
 
+def test_analyses_and_page_parts_made_by_other_code_are_not_served(tmp_path, monkeypatch):
+    """Kept analyses and drawn parts of pages are named with the code that made them: a server
+    of another version (an upgrade on the same cache folder) makes its own."""
+    import dashboard.web.cache as cache_module
+
+    folder = str(tmp_path / "trial")
+    synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
+    cache = TrialCache(str(tmp_path / "cache"), 64)
+    key, trial, _ = cache.load(folder, roots=[str(tmp_path)])
+    cache.analysis(key, trial)
+    cache.assessment(key, trial)
+    assert cache.page_part(f"panels:{key}:", lambda: "drawn by this code") == "drawn by this code"
+    assert TrialCache(str(tmp_path / "cache"), 64).page_part(f"panels:{key}:", lambda: "again") == "drawn by this code"
+    assert TrialCache(str(tmp_path / "cache"), 64).ready(key, [None]) is not None
+    monkeypatch.setattr(cache_module, "CODE_VERSION", "another")
+    upgraded = TrialCache(str(tmp_path / "cache"), 64)
+    assert upgraded.ready(key, [None]) is None  # its analyses were made by other code
+    assert upgraded.page_part(f"panels:{key}:", lambda: "drawn by the new code") == "drawn by the new code"
+    assert upgraded.holds(key)  # the trial itself is the reader's (its columns' names say which)
+
+
 def test_loads_of_one_trial_at_once_read_it_once(tmp_path):
     """Four server processes (each its own cache object on the shared folder) asked for the
     same new trial at the same moment: one reads it, the others wait and get its result."""
@@ -415,7 +436,7 @@ def test_cache_analysis_is_computed_once_per_node(tmp_path):
     assert both.getnext.count == len(written.of_kind("getnext"))
     assert second.getnext.count == len([e for e in written.of_kind("getnext") if e.node.endswith("algo-2")])
     assert cache.analysis(key, trial, "algo-2") is second
-    assert f"analysis:{key}:algo-2:2" in cache.disk
+    assert f"analysis:{CODE_VERSION}:{key}:algo-2:2" in cache.disk
 
 
 # --- the server's options ------------------------------------------------------------------------

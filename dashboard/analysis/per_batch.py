@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .. import format as fmt
-from .dataloader import iterator_class, iterator_segments, labels, loader_name
+from .dataloader import getnext_segments, iterator_class, loader_name, per_category
 
 
 @dataclass
@@ -48,19 +47,20 @@ def loader_batches(framework: pd.DataFrame, iterator: str | None = None, process
                    node: str | None = None) -> LoaderBatches:
     """The batches of the GetNexts of one iterator class (as a loader names it:
     '_MultiProcessingDataLoaderIter'), on one process and node when given; None: any."""
-    is_call = (framework["kind"] == fmt.KIND_GETNEXT).to_numpy()
-    segments = iterator_segments(framework)  # index-aligned with the GetNexts
-    calls = framework[is_call]
-    keep = np.ones(len(calls), dtype=bool)
-    if iterator is not None:
-        keep &= labels(calls["name"], lambda name: loader_name(iterator_class(name))).to_numpy() == iterator
-    if process is not None and "process" in calls:
-        keep &= calls["process"].astype(str).to_numpy() == str(process)
-    if node is not None:
-        keep &= calls["node"].astype(str).to_numpy() == str(node)
-    calls = calls[keep]
-    segment = segments.reindex(calls.index).to_numpy(dtype="int64")
-    return batches_of(calls["start_us"].to_numpy(dtype="int64"), calls["end_us"].to_numpy(dtype="int64"), segment)
+    # Positions and per-category tests, not a copy of the GetNexts' rows and their labels as
+    # strings: on a 3M-GetNext trial those took 1.5 s of the 2.1 s this took.
+    rows, segment = getnext_segments(framework)
+    tests = {"name": None if iterator is None else lambda name: loader_name(iterator_class(name)) == iterator,
+             "process": None if process is None else lambda value: value == str(process),
+             "node": None if node is None else lambda value: value == str(node)}
+    keep = np.ones(len(rows), dtype=bool)
+    for column, test in tests.items():
+        if test is not None and column in framework:
+            per_value, codes = per_category(framework[column], test, False)
+            keep &= per_value.astype(bool)[codes[rows]]
+    rows, segment = rows[keep], segment[keep]
+    return batches_of(framework["start_us"].to_numpy(dtype="int64")[rows],
+                      framework["end_us"].to_numpy(dtype="int64")[rows], segment.astype("int64"))
 
 
 def batches_of(start_us: np.ndarray, end_us: np.ndarray, segment: np.ndarray) -> LoaderBatches:

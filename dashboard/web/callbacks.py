@@ -23,6 +23,7 @@ from ..analysis import ranks
 from ..analysis.diagnosis import parse_what_if
 from ..trial.errors import TrialError
 from ..trial.frames import host_of
+from ..trial.load import Trial
 from ..trial.store import fingerprint, open_store
 from . import compare_page, views
 from .cache import TrialCache, trial_key, trial_spelling
@@ -59,14 +60,20 @@ def _unexpected(what: str, exc: BaseException) -> str:
     return f"{what} failed ({type(exc).__name__}); the details are in the server log."
 
 
+def whole_trial(context: Context, key: str) -> Trial:
+    """A cached trial; TrialEvicted when it is no longer cached."""
+    trial = context.cache.trial(key)
+    if trial is None:
+        raise TrialEvicted(key)
+    return trial
+
+
 def get_view(context: Context, key: str, node: str | None) -> views.TrialView:
     """The view of a cached trial for a node, built once per process."""
     node = node or None
 
     def build():
-        trial = context.cache.trial(key)
-        if trial is None:
-            raise TrialEvicted(key)
+        trial = whole_trial(context, key)
         analysis = context.cache.analysis(key, trial, node)
         assessment = context.cache.assessment(key, trial, node)
         return views.trial_view(trial, node, analysis=analysis, key=key, assessment=assessment)
@@ -121,14 +128,11 @@ def _shown_window(trigger, clicks) -> tuple[int, int] | None:
 
 def _rank_waits(context: Context, key: str):
     """The per-rank summaries of a loaded trial (analysis.ranks), once per trial; None when the
-    trial is no longer in the cache. The trial itself is fetched only when they are not kept."""
-    def compute():
-        whole = context.cache.trial(key)
-        if whole is None:
-            raise TrialEvicted(key)
-        return ranks.rank_waits(whole.framework)
+    trial is no longer in the cache. The trial itself is read only when they are not kept."""
     try:
-        return context.cache.memo(f"rank-waits:{key}", compute)
+        if not context.cache.holds(key):
+            raise TrialEvicted(key)
+        return context.cache.page_part(f"rank-waits:{key}", lambda: ranks.rank_waits(whole_trial(context, key).framework))
     except TrialEvicted:
         return None
 
@@ -249,20 +253,21 @@ def register_callbacks(app, context: Context) -> None:
     def show_trial(store, node):
         if not store or not store.get("key"):
             return [no_update] * len(panel_outputs)
+        key = store["key"]
         try:
-            whole = context.cache.trial(store["key"])
-            if whole is None:
-                raise TrialEvicted(store["key"])
-            options = views.node_options(whole)
+            if not context.cache.holds(key):
+                raise TrialEvicted(key)
+            # Drawn once and kept on the disk (cache.page_part): a warm trial's page reads no trial back.
+            options = context.cache.page_part(f"node-options:{key}", lambda: views.node_options(whole_trial(context, key)))
             if ctx.triggered_id == Ids.TRIAL_STORE and store.get("node") is not None:
                 node = store.get("node") or ""
             if node not in {o["value"] for o in options}:
                 node = ""
-            view = get_view(context, store["key"], node)
-            p = context.cache.memo(f"panels:{store['key']}:{node}", lambda: views.panels(view))
-            verdict = context.cache.memo(f"verdict:{store['key']}:{node}", lambda: views.verdict_summary(view))
-            budget = context.cache.memo(f"budget:{store['key']}:{node}", lambda: views.budget_view(view))
-            summary = context.cache.memo(f"summary:{store['key']}", lambda: views.summary(whole))
+            p = context.cache.page_part(f"panels:{key}:{node}", lambda: views.panels(get_view(context, key, node)))
+            verdict = context.cache.page_part(f"verdict:{key}:{node}",
+                                          lambda: views.verdict_summary(get_view(context, key, node)))
+            budget = context.cache.page_part(f"budget:{key}:{node}", lambda: views.budget_view(get_view(context, key, node)))
+            summary = context.cache.page_part(f"summary:{key}", lambda: views.summary(whole_trial(context, key)))
         except TrialEvicted:
             return [no_update] * (len(panel_outputs) - 1) + [EVICTED]
         except Exception as exc:  # noqa: BLE001
@@ -363,11 +368,20 @@ def register_callbacks(app, context: Context) -> None:
             views.check_patterns(select_events, select_dimensions)
         except ValueError as exc:  # an invalid regular expression: say so, keep the figures
             return no_update, no_update, views.window_text(window["start_us"], window["end_us"]), str(exc)
+        key, start, end = store["key"], window["start_us"], window["end_us"]
+
+        def draw() -> dict:
+            return views.window_payload(get_view(context, key, node), start, end, select_events,
+                                        select_dimensions, loader=loader, selected=window.get("selected"))
+
         try:
-            view = get_view(context, store["key"], node)
-            payload = views.window_payload(view, window["start_us"], window["end_us"], select_events,
-                                           select_dimensions, loader=loader,
-                                           selected=window.get("selected"))
+            if not context.cache.holds(key):
+                raise TrialEvicted(key)
+            if views.first_window(store, window, select_events, select_dimensions, loader):
+                # The window a page opens with: drawn once and kept on the disk, as the panels.
+                payload = context.cache.page_part(f"window:{key}:{node or ''}:{start}:{end}", draw)
+            else:
+                payload = draw()
         except TrialEvicted:
             return no_update, no_update, no_update, EVICTED
         except Exception as exc:  # noqa: BLE001

@@ -171,6 +171,15 @@ def _patterns(text: str | None) -> list[str]:
     return [text] if text and text.strip() else [".*"]
 
 
+def first_window(store: dict, window: dict, select_events: str | None, select_dimensions: str | None,
+                 loader: str | None) -> bool:
+    """Whether a window is the one a page opens a trial with: the whole job, every event and
+    metric, the loader that waits most, nothing selected."""
+    return ((window.get("start_us"), window.get("end_us")) == (store.get("start_us"), store.get("end_us"))
+            and _patterns(select_events) == _patterns(select_dimensions) == [".*"]
+            and not loader and not window.get("selected"))
+
+
 def check_patterns(select_events: str | None, select_dimensions: str | None) -> None:
     """ValueError naming the first of the two filters that is not a valid regular expression."""
     dataloader.validate_patterns(_patterns(select_events))
