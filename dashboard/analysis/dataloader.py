@@ -292,7 +292,7 @@ def batch_times(framework: pd.DataFrame) -> pd.DataFrame:
     batches = pd.DataFrame({
         "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
         **{name: framework[name].array.take(rows) for name in ("pid", "node", "rank", "worker_id")},
-        "segment": found.segment[:-1][has_next][by_start]}, columns=columns)
+        "segment": found.segment[:-1][has_next][by_start]}, columns=columns, copy=False)
     return batches
 
 

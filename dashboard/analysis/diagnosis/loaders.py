@@ -301,13 +301,16 @@ def _calls_frame(framework: pd.DataFrame) -> pd.DataFrame:
     def column(name: str) -> pd.Series:
         return framework[name].take(rows).reset_index(drop=True)
 
+    # copy=False: the columns are its own, and copying them into consolidated blocks took 0.6 s
+    # at 3M GetNexts.
     return pd.DataFrame({
         "process": pd.Series(process_labels[process_codes[rows]], dtype=object), "pid": pid,
         "cls": pd.Series(class_labels[class_codes[rows]], dtype=object),
         "start_us": start, "end_us": end, "duration_us": framework["duration_us"].to_numpy(dtype=np.int64)[rows],
         "worker_id": column("worker_id"), "num_workers": column("num_workers"),
         "iterator_id": column("iterator_id"), "segment": segment_ids, "index": index_in_segment,
-        "next_start_us": next_start, "compute_us": next_start_in_segment - end}).set_axis(framework.index[rows])
+        "next_start_us": next_start, "compute_us": next_start_in_segment - end},
+        copy=False).set_axis(framework.index[rows])
 
 
 def _inits_frame(framework: pd.DataFrame) -> pd.DataFrame:
