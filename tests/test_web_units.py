@@ -306,6 +306,24 @@ def test_analyses_and_page_parts_made_by_other_code_are_not_served(tmp_path, mon
     assert upgraded.holds(key)  # the trial itself is the reader's (its columns' names say which)
 
 
+def test_a_trial_shown_from_its_page_parts_is_not_the_first_the_culling_takes(tmp_path):
+    """A warm page reads its parts, not the trial: the trial and its analyses are marked used
+    all the same, or the least-recently-used culling would take them (the largest entries)
+    first from a trial people keep opening."""
+    folder = str(tmp_path / "trial")
+    synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
+    cache = TrialCache(str(tmp_path / "cache"), 64)
+    key, trial, _ = cache.load(folder, roots=[str(tmp_path)])
+    cache.analysis(key, trial)
+    cache.assessment(key, trial)
+    cache.disk.set("another trial's entry", b"x" * 1_000)  # used after them
+    other = TrialCache(str(tmp_path / "cache"), 64)  # another server process, showing the page
+    assert other.ready(key, [None]) is not None and other.holds(key)
+    culled_first = [name for (name,) in other.disk._sql("SELECT key FROM Cache ORDER BY access_time").fetchall()]
+    used = [f"trial:{key}", f"analysis:{CODE_VERSION}:{key}::2", f"assessment:{CODE_VERSION}:{key}::2"]
+    assert all(culled_first.index(name) > culled_first.index("another trial's entry") for name in used), culled_first
+
+
 def test_loads_of_one_trial_at_once_read_it_once(tmp_path):
     """Four server processes (each its own cache object on the shared folder) asked for the
     same new trial at the same moment: one reads it, the others wait and get its result."""

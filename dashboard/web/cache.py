@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import importlib.metadata
 import logging
 import os
 import pathlib
@@ -32,6 +33,7 @@ import pickle
 import shutil
 import socket
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -51,6 +53,8 @@ from ..trial.store import fingerprint, open_store
 TRIALS_FOLDER = "trials"
 COLUMNS_FOLDER = "columns"  # parsed files (dashboard/trial/columnar_cache.py)
 JOBS_FOLDER = "jobs"
+PAGE_PART = "page:"  # the names of drawn parts of pages (page_part)
+VERSIONED_PACKAGES = ("numpy", "pandas", "pyarrow", "scipy", "plotly", "dash", "msgspec")
 MEMORY_ITEMS = 16  # trials, analyses, views and panels of the last few trials
 # A process that died without a word (killed) while loading holds the trial no longer than
 # this; a holder gone from this host is noticed at once.
@@ -192,6 +196,19 @@ class ForkSafeCache(diskcache.Cache):
         with FORK_GUARD.inside():
             return super().__contains__(key)
 
+    def mark_used(self, keys) -> None:
+        """Marks entries as used now, as a read of each would (the least-recently-used culling
+        then spares them): for entries whose presence is what a caller reads. diskcache's own
+        statement of a read, on its own table."""
+        update = diskcache.core.EVICTION_POLICY[self.eviction_policy]["get"]
+        if update is None:
+            return
+        with self._transact(retry=True) as (sql, _):
+            now = time.time()
+            for key in keys:
+                db_key, raw = self._disk.put(key)
+                sql(f"UPDATE Cache SET {update.format(now=now)} WHERE key = ? AND raw = ?", (db_key, raw))
+
     def close(self):
         """Closes the calling thread's connection. A thread that used the cache calls it before
         it ends (the server after each request, the job queue's dispatcher before it stops):
@@ -257,11 +274,15 @@ def trial_key(path: str, listing_fingerprint: str) -> str:
 
 
 def _code_version() -> str:
-    """A digest of the dashboard package's source: what an analysis or a drawn part of a page
-    was made by. A server of another version computes its own instead of serving what older
+    """A digest of the dashboard package's source, Python's and the analysis libraries' versions:
+    what an analysis or a drawn part of a page was made by. A server of another version computes its own instead of serving what older
     code made (a pickle of an unchanged class unpickles, whatever its numbers were made by)."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(sys.version.encode())
+    # The libraries whose upgrade can change the numbers or the figures.
+    for package in VERSIONED_PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            digest.update(f"\0{package} {importlib.metadata.version(package)}".encode())
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
@@ -320,11 +341,18 @@ class TrialCache:
         self.files = ColumnarFileCache(columns, size_limit_bytes=int(size_limit_mb) * 2**20,
                                        keep_free_bytes=2 * free_space_reserve(shutil.disk_usage(directory).total))
         self.memory = _Memory(MEMORY_ITEMS)
+        # Drawn parts of pages have a memory of their own: cheap to read back from the disk, they
+        # do not push trials and analyses out of this process's memory.
+        self.page_memory = _Memory(MEMORY_ITEMS)
         self._local = threading.local()  # not_kept, per thread: a load and its writes run in one
         self._cull_lock = threading.Lock()
 
+    def _memory_of(self, key: str) -> _Memory:
+        return self.page_memory if key.startswith(PAGE_PART) else self.memory
+
     def _get(self, key: str):
-        value = self.memory.get(key)
+        memory = self._memory_of(key)
+        value = memory.get(key)
         if value is None:
             try:
                 value = self.disk.get(key)
@@ -334,11 +362,11 @@ class TrialCache:
                 with contextlib.suppress(Exception):
                     self.disk.delete(key)
             if value is not None:
-                self.memory.put(key, value)
+                memory.put(key, value)
         return value
 
     def _put(self, key: str, value) -> bool:
-        self.memory.put(key, value)
+        self._memory_of(key).put(key, value)
         return self._keep(key, value)
 
     def _keep(self, key: str, value) -> bool:
@@ -464,6 +492,7 @@ class TrialCache:
                                    for what in ("analysis", "assessment"))]
         if not all(name in self.disk for name in names):
             return None
+        self.disk.mark_used(names)  # not read back, but used: the culling must not take them first
         span = self._get(f"span:{key}")
         return tuple(span) if span is not None else None
 
@@ -531,16 +560,25 @@ class TrialCache:
 
     def holds(self, key: str) -> bool:
         """Whether trial(key) finds the trial (kept, or its files to read again): what a page
-        drawn from it (page_part()) needs to stay more than a picture."""
+        drawn from it (page_part()) needs to stay more than a picture. (A trial kept only as its
+        files counts even if they have changed since: trial() then finds none, and the page's next
+        step that needs the trial says it is gone.)"""
         name = f"trial:{key}"
-        return self.memory.get(name) is not None or name in self.disk or f"source:{key}" in self.disk
+        if self.memory.get(name) is not None:
+            return True
+        for kept in (name, f"source:{key}"):
+            if kept in self.disk:
+                self.disk.mark_used([kept])  # what a page shows from its parts: used, not read back
+                return True
+        return False
 
     def page_part(self, name: str, compute: Callable[[], object]):
         """A part of a page drawn from a cached trial (figures, texts: a function of the trial's
         key, the node and the code, named so by the caller), computed once and kept on the disk:
         a new server process shows a warm trial's first page without reading the trial back
-        (a 3M-GetNext trial's panels and first window took 4.8 s to draw, 0.4 s its unpickling)."""
-        return self._once(f"page:{CODE_VERSION}:{name}", compute)[0]
+        (a 3M-GetNext trial's first page took 5 s of a new server process, 0.4 s of it reading the
+        trial back; from its parts, 0.4 s in all)."""
+        return self._once(f"{PAGE_PART}{CODE_VERSION}:{name}", compute)[0]
 
     def memo(self, name: str, compute: Callable[[], object]):
         """An object derived from cached data, kept in this process's memory only."""

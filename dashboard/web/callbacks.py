@@ -60,6 +60,12 @@ def _unexpected(what: str, exc: BaseException) -> str:
     return f"{what} failed ({type(exc).__name__}); the details are in the server log."
 
 
+def check_held(context: Context, key: str) -> None:
+    """TrialEvicted when a trial is no longer cached (its page parts then show nothing real)."""
+    if not context.cache.holds(key):
+        raise TrialEvicted(key)
+
+
 def whole_trial(context: Context, key: str) -> Trial:
     """A cached trial; TrialEvicted when it is no longer cached."""
     trial = context.cache.trial(key)
@@ -130,8 +136,7 @@ def _rank_waits(context: Context, key: str):
     """The per-rank summaries of a loaded trial (analysis.ranks), once per trial; None when the
     trial is no longer in the cache. The trial itself is read only when they are not kept."""
     try:
-        if not context.cache.holds(key):
-            raise TrialEvicted(key)
+        check_held(context, key)
         return context.cache.page_part(f"rank-waits:{key}", lambda: ranks.rank_waits(whole_trial(context, key).framework))
     except TrialEvicted:
         return None
@@ -255,8 +260,7 @@ def register_callbacks(app, context: Context) -> None:
             return [no_update] * len(panel_outputs)
         key = store["key"]
         try:
-            if not context.cache.holds(key):
-                raise TrialEvicted(key)
+            check_held(context, key)
             # Drawn once and kept on the disk (cache.page_part): a warm trial's page reads no trial back.
             options = context.cache.page_part(f"node-options:{key}", lambda: views.node_options(whole_trial(context, key)))
             if ctx.triggered_id == Ids.TRIAL_STORE and store.get("node") is not None:
@@ -375,8 +379,7 @@ def register_callbacks(app, context: Context) -> None:
                                         select_dimensions, loader=loader, selected=window.get("selected"))
 
         try:
-            if not context.cache.holds(key):
-                raise TrialEvicted(key)
+            check_held(context, key)
             if views.first_window(store, window, select_events, select_dimensions, loader):
                 # The window a page opens with: drawn once and kept on the disk, as the panels.
                 payload = context.cache.page_part(f"window:{key}:{node or ''}:{start}:{end}", draw)
@@ -596,8 +599,8 @@ def register_download_callbacks(app, context: Context) -> None:
             path = store["path"] + (f"-{node}" if node else "")
             if trigger in CSV_BUTTONS:
                 table = OUTLIER_TABLES[CSV_BUTTONS.index(trigger)]
-                rows = context.cache.memo(f"panels:{store['key']}:{node}",
-                                          lambda: views.panels(view))[TABLE_PANELS[table]]["outliers"]
+                rows = context.cache.page_part(f"panels:{store['key']}:{node}",
+                                               lambda: views.panels(view))[TABLE_PANELS[table]]["outliers"]
                 return dcc.send_string(views.outlier_csv(rows), views.download_name(path, table, ".csv"),
                                        type="text/csv"), ""
             if trigger == Ids.EXPORT_JSON:

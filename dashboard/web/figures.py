@@ -88,16 +88,6 @@ TEMPLATE = {"layout": {
     "margin": {"l": 60, "r": 20, "t": 30, "b": 40}}}
 
 
-def _layout(fig: go.Figure, height: int, **extra) -> go.Figure:
-    fig.update_layout(template=TEMPLATE, height=height, **extra)
-    return fig
-
-
-def empty_figure(message: str, height: int = 260) -> go.Figure:
-    """A blank figure with a message in the middle."""
-    return go.Figure(empty_figure_spec(message, height))
-
-
 def empty_figure_spec(message: str, height: int = 260) -> dict:
     return {"data": [], "layout": {
         "template": TEMPLATE, "height": height, "xaxis": {"visible": False}, "yaxis": {"visible": False},
@@ -659,10 +649,6 @@ def overview_figure_spec(series: OverviewSeries, window: tuple[int, int] | None 
     return {"data": data, "layout": layout}
 
 
-def overview_figure(series: OverviewSeries, window: tuple[int, int] | None = None) -> go.Figure:
-    return go.Figure(overview_figure_spec(series, window))
-
-
 # --- the four panels -------------------------------------------------------------------------
 
 
@@ -674,44 +660,51 @@ def _duration_axis(values_us) -> tuple:
     return unit, values / unit.us
 
 
-def initialization_figure(init: InitializationResult) -> go.Figure:
+def _panel_spec(data: list[dict], height: int, xaxis: dict, yaxis: dict, **extra) -> dict:
+    """A panel's figure as a plain dict, as the window's (no plotly validation cost)."""
+    return {"data": data, "layout": {"template": TEMPLATE, "height": height, "xaxis": xaxis, "yaxis": yaxis,
+                                     **extra}}
+
+
+def _time_axis() -> dict:
+    return {"type": "date", "title": TIME_AXIS_TITLE}
+
+
+def initialization_figure_spec(init: InitializationResult) -> dict:
     """Iterator initializations over time, one colour per iterator class."""
     events = init.events
     if events.empty:
-        return empty_figure("No DataLoader iterator initializations recorded", NOTE_PX)
+        return empty_figure_spec("No DataLoader iterator initializations recorded", NOTE_PX)
     unit, _ = _duration_axis(events["duration_us"])
-    fig = go.Figure()
+    data = []
     for i, (cls, part) in enumerate(events.groupby("type", sort=True)):
         x, y_us = part["start_us"].to_numpy(), part["duration_us"].to_numpy(dtype="float64")
         keep = decimate.minmax_indices(x, y_us)
         # The legend has a short name (a half-width panel); the hover the whole class.
-        fig.add_trace(go.Scatter(x=us_to_ms(x[keep]), y=y_us[keep] / unit.us, mode="markers",
-                                 name=plain(short_name(cls)), marker={"size": 8, "color": PALETTE[i % len(PALETTE)]},
-                                 hovertext=[f"{plain(cls)}<br>{t}" for t in durations_us(y_us[keep])],
-                                 hoverinfo="text"))
-    _add_outlier_markers(fig, init.outliers, "duration_us", unit.us)
-    fig.update_xaxes(type="date", title=TIME_AXIS_TITLE)
-    fig.update_yaxes(title={"text": f"initialization ({unit.name}, log scale)"}, type="log", dtick=1)
-    return _layout(fig, 280)
+        data.append({"type": "scatter", "x": typed_array(us_to_ms(x[keep])), "y": typed_array(y_us[keep] / unit.us),
+                     "mode": "markers", "name": plain(short_name(cls)),
+                     "marker": {"size": 8, "color": PALETTE[i % len(PALETTE)]},
+                     "hovertext": [f"{plain(cls)}<br>{t}" for t in durations_us(y_us[keep])], "hoverinfo": "text"})
+    data += _outlier_markers(init.outliers, "duration_us", unit.us)
+    return _panel_spec(data, 280, _time_axis(),
+                       {"title": {"text": f"initialization ({unit.name}, log scale)"}, "type": "log", "dtick": 1})
 
 
-def _add_outlier_markers(fig: go.Figure, outliers: pd.DataFrame, column: str, scale: float,
-                         limit: int = 5_000) -> None:
+def _outlier_markers(outliers: pd.DataFrame, column: str, scale: float, limit: int = 5_000) -> list[dict]:
     if outliers.empty:
-        return
+        return []
     part = outliers.head(limit)  # longest first
-    fig.add_trace(go.Scatter(x=us_to_ms(part["start_us"].to_numpy()), y=part[column].to_numpy() / scale,
-                             mode="markers", name="outlier",
-                             marker={"size": 11, "color": "rgba(0,0,0,0)",
-                                     "line": {"color": OUTLIER_COLOR, "width": 2}},
-                             hoverinfo="skip"))
+    return [{"type": "scatter", "x": typed_array(us_to_ms(part["start_us"].to_numpy())),
+             "y": typed_array(part[column].to_numpy(dtype="float64") / scale), "mode": "markers", "name": "outlier",
+             "marker": {"size": 11, "color": "rgba(0,0,0,0)", "line": {"color": OUTLIER_COLOR, "width": 2}},
+             "hoverinfo": "skip"}]
 
 
-def workers_figure(workers: DurationStats) -> go.Figure:
+def workers_figure_spec(workers: DurationStats) -> dict:
     """Worker process lifetimes as a Gantt, one row per node and process."""
     events = workers.events
     if events.empty:
-        return empty_figure("No DataLoader worker processes recorded (single-process loaders)", NOTE_PX)
+        return empty_figure_spec("No DataLoader worker processes recorded (single-process loaders)", NOTE_PX)
     frame = events.assign(phase=fmt.PHASE_WORKER)
     rows = gantt_rows(frame, max_rows=60)
     span = int(events["end_us"].max() - events["start_us"].min())
@@ -720,103 +713,98 @@ def workers_figure(workers: DurationStats) -> go.Figure:
         key = pd.MultiIndex.from_frame(workers.outliers[["start_us", "end_us", "pid"]].astype("float64"))
         mine = pd.MultiIndex.from_frame(events[["start_us", "end_us", "pid"]].astype("float64"))
         outlier = mine.isin(key).astype("int8")
-    fig = go.Figure(_gantt_traces(events["start_us"].to_numpy(), events["end_us"].to_numpy(), rows.row,
-                                  outlier, ["worker", "outlier"], [PHASE_COLORS[fmt.PHASE_WORKER], OUTLIER_COLOR],
-                                  _event_hover(events), gap_us=max(span, 1) / decimate.DEFAULT_BUCKETS,
-                                  line_px=10))
-    fig.update_xaxes(type="date", title=TIME_AXIS_TITLE)
-    fig.update_yaxes(tickvals=list(range(len(rows.labels))),
-                     ticktext=[label.replace(f"{fmt.PHASE_WORKER} · ", "") for label in rows.labels],
-                     range=[len(rows.labels) - 0.5, -0.5], showgrid=False, automargin=True)
-    return _layout(fig, min(900, 90 + 20 * len(rows.labels)))
+    data = _gantt_traces(events["start_us"].to_numpy(), events["end_us"].to_numpy(), rows.row,
+                         outlier, ["worker", "outlier"], [PHASE_COLORS[fmt.PHASE_WORKER], OUTLIER_COLOR],
+                         _event_hover(events), gap_us=max(span, 1) / decimate.DEFAULT_BUCKETS, line_px=10)
+    yaxis = {"tickvals": list(range(len(rows.labels))),
+             "ticktext": [label.replace(f"{fmt.PHASE_WORKER} · ", "") for label in rows.labels],
+             "range": [len(rows.labels) - 0.5, -0.5], "showgrid": False, "automargin": True}
+    return _panel_spec(data, min(900, 90 + 20 * len(rows.labels)), _time_axis(), yaxis)
 
 
-def getnext_histogram(getnext: DurationStats, outlier_factor: float) -> go.Figure:
+def getnext_histogram_spec(getnext: DurationStats, outlier_factor: float) -> dict:
     """How long GetNext takes: counts in log-spaced duration bins."""
     durations = getnext.events["duration_us"].to_numpy()
     if len(durations) == 0:
-        return empty_figure("No GetNext calls recorded", NOTE_PX)
+        return empty_figure_spec("No GetNext calls recorded", NOTE_PX)
     edges, counts = decimate.log_histogram(durations)
     unit, scaled = _duration_axis(edges)
     texts = [f"{lo}–{hi}: {n:,} calls" for lo, hi, n in zip(durations_us(edges[:-1]), durations_us(edges[1:]),
                                                              counts.tolist())]
-    fig = go.Figure(go.Bar(x=(scaled[:-1] + scaled[1:]) / 2, y=counts, width=np.diff(scaled), name="calls",
-                           marker={"color": PHASE_COLORS[fmt.PHASE_ITER], "line": {"width": 0}},
-                           hovertext=texts, hoverinfo="text"))
+    data = [{"type": "bar", "x": ((scaled[:-1] + scaled[1:]) / 2).tolist(), "y": counts.tolist(),
+             "width": np.diff(scaled).tolist(), "name": "calls",
+             "marker": {"color": PHASE_COLORS[fmt.PHASE_ITER], "line": {"width": 0}},
+             "hovertext": texts, "hoverinfo": "text"}]
     if getnext.median_us:
         top = float(counts.max()) * 1.05
         for value, label, dash in ((getnext.median_us, "median", "solid"),
                                    (getnext.median_us * outlier_factor, f"outlier threshold ({outlier_factor:g}× median)",
                                     "dot")):
-            fig.add_trace(go.Scatter(x=[value / unit.us] * 2, y=[0, top], mode="lines", name=label,
-                                     line={"color": OUTLIER_COLOR if dash == "dot" else "#111827", "dash": dash,
-                                           "width": 1.5},
-                                     hovertemplate=f"{label}: {duration_us(value)}<extra></extra>"))
-    fig.update_xaxes(type="log", dtick=1, title={"text": f"GetNext duration ({unit.name}, log scale)"})
-    fig.update_yaxes(title={"text": "calls"})
-    return _layout(fig, 280, bargap=0)
+            data.append({"type": "scatter", "x": [value / unit.us] * 2, "y": [0, top], "mode": "lines", "name": label,
+                         "line": {"color": OUTLIER_COLOR if dash == "dot" else "#111827", "dash": dash, "width": 1.5},
+                         "hovertemplate": f"{label}: {duration_us(value)}<extra></extra>"})
+    return _panel_spec(data, 280, {"type": "log", "dtick": 1,
+                                   "title": {"text": f"GetNext duration ({unit.name}, log scale)"}},
+                       {"title": {"text": "calls"}}, bargap=0)
 
 
-def getnext_timeline(getnext: DurationStats, outlier_factor: float) -> go.Figure:
+def getnext_timeline_spec(getnext: DurationStats, outlier_factor: float) -> dict:
     """GetNext durations over time, one colour per worker id."""
     events = getnext.events
     if events.empty:
-        return empty_figure("No GetNext calls recorded", NOTE_PX)
-    fig = go.Figure()
+        return empty_figure_spec("No GetNext calls recorded", NOTE_PX)
     workers = events["worker_id"].astype("float64").fillna(-2).to_numpy()
     x_all, y_all = events["start_us"].to_numpy(), events["duration_us"].to_numpy(dtype="float64")
     unit, _ = _duration_axis(y_all)
     values = np.unique(workers)
     buckets = max(100, min(decimate.DEFAULT_BUCKETS, MAX_POINTS // (2 * len(values))))
+    data = []
     for i, worker in enumerate(values):
         mask = workers == worker
         x, y = x_all[mask], y_all[mask]
         keep = decimate.minmax_indices(x, y, buckets)
         label = worker_text(None if worker == -2 else worker)
-        fig.add_trace(go.Scattergl(x=us_to_ms(x[keep]), y=y[keep] / unit.us, mode="markers", name=label,
-                                   marker={"size": 4, "color": PALETTE[i % len(PALETTE)]},
-                                   hovertext=durations_us(y[keep]), hoverinfo="text+name"))
+        data.append({"type": "scattergl", "x": typed_array(us_to_ms(x[keep])), "y": typed_array(y[keep] / unit.us),
+                     "mode": "markers", "name": label, "marker": {"size": 4, "color": PALETTE[i % len(PALETTE)]},
+                     "hovertext": durations_us(y[keep]), "hoverinfo": "text+name"})
     if getnext.median_us:
         threshold = getnext.median_us * outlier_factor
-        _add_level(fig, x_all, threshold / unit.us,
-                   f"outlier threshold ({outlier_factor:g}× median, {duration_us(threshold)})", OUTLIER_COLOR, "dot")
-    fig.update_xaxes(type="date", title=TIME_AXIS_TITLE)
-    fig.update_yaxes(type="log", dtick=1, title={"text": f"GetNext ({unit.name}, log scale)"})
-    return _layout(fig, 280)
+        data.append(_level(x_all, threshold / unit.us,
+                           f"outlier threshold ({outlier_factor:g}× median, {duration_us(threshold)})",
+                           OUTLIER_COLOR, "dot"))
+    return _panel_spec(data, 280, _time_axis(),
+                       {"type": "log", "dtick": 1, "title": {"text": f"GetNext ({unit.name}, log scale)"}})
 
 
-def _add_level(fig: go.Figure, x_us: np.ndarray, level: float, label: str, color: str, dash: str) -> None:
+def _level(x_us: np.ndarray, level: float, label: str, color: str, dash: str) -> dict:
     """A horizontal reference line across the data, as a trace (it works on log axes too)."""
-    ends = us_to_ms([x_us.min(), x_us.max()])
-    fig.add_trace(go.Scatter(x=ends, y=[level, level], mode="lines", name=label,
-                             line={"color": color, "dash": dash, "width": 1.5},
-                             hovertemplate=f"{label}<extra></extra>"))
+    return {"type": "scatter", "x": us_to_ms([x_us.min(), x_us.max()]).tolist(), "y": [level, level],
+            "mode": "lines", "name": label, "line": {"color": color, "dash": dash, "width": 1.5},
+            "hovertemplate": f"{label}<extra></extra>"}
 
 
-def batchtime_figure(batch: BatchTimeResult) -> go.Figure:
+def batchtime_figure_spec(batch: BatchTimeResult) -> dict:
     """BatchTime over time with its median; outliers ringed."""
     batches = batch.batches
     if batches.empty:
-        return empty_figure("No batch times (fewer than two GetNext calls per iterator)", NOTE_PX)
+        return empty_figure_spec("No batch times (fewer than two GetNext calls per iterator)", NOTE_PX)
     x, y_us = batches["start_us"].to_numpy(), batches["batch_time_s"].to_numpy().astype("float64") * 1e6
     unit, _ = _duration_axis(y_us)
     keep = decimate.minmax_indices(x, y_us)
-    fig = go.Figure(go.Scattergl(x=us_to_ms(x[keep]), y=y_us[keep] / unit.us, mode="lines+markers",
-                                 name="batch time", line={"width": 1, "color": PHASE_COLORS[fmt.PHASE_ITER]},
-                                 marker={"size": 3}, hovertext=durations_us(y_us[keep]), hoverinfo="text"))
+    data = [{"type": "scattergl", "x": typed_array(us_to_ms(x[keep])), "y": typed_array(y_us[keep] / unit.us),
+             "mode": "lines+markers", "name": "batch time", "line": {"width": 1, "color": PHASE_COLORS[fmt.PHASE_ITER]},
+             "marker": {"size": 3}, "hovertext": durations_us(y_us[keep]), "hoverinfo": "text"}]
     if not batch.outliers.empty:
         part = batch.outliers.head(5_000)
         out_us = part["batch_time_s"].to_numpy(dtype="float64") * 1e6
-        fig.add_trace(go.Scattergl(x=us_to_ms(part["start_us"].to_numpy()), y=out_us / unit.us,
-                                   mode="markers", name="outlier",
-                                   marker={"size": 9, "color": OUTLIER_COLOR, "symbol": "circle-open",
-                                           "line": {"width": 2}},
-                                   hovertext=[f"outlier {t}" for t in durations_us(out_us)], hoverinfo="text"))
+        data.append({"type": "scattergl", "x": typed_array(us_to_ms(part["start_us"].to_numpy())),
+                     "y": typed_array(out_us / unit.us), "mode": "markers", "name": "outlier",
+                     "marker": {"size": 9, "color": OUTLIER_COLOR, "symbol": "circle-open", "line": {"width": 2}},
+                     "hovertext": [f"outlier {t}" for t in durations_us(out_us)], "hoverinfo": "text"})
     if batch.median_s is not None:
-        _add_level(fig, x, batch.median_s * 1e6 / unit.us, f"median {duration_s(batch.median_s)}", "#111827", "solid")
-    fig.update_xaxes(type="date", title=TIME_AXIS_TITLE)
-    fig.update_yaxes(title={"text": f"batch time ({unit.name})"}, rangemode="tozero")
-    return _layout(fig, 280)
+        data.append(_level(x, batch.median_s * 1e6 / unit.us, f"median {duration_s(batch.median_s)}", "#111827",
+                           "solid"))
+    return _panel_spec(data, 280, _time_axis(), {"title": {"text": f"batch time ({unit.name})"}, "rangemode": "tozero"})
 
 
 # --- the wait budget and the what-if ------------------------------------------------------------

@@ -405,22 +405,22 @@ def panels(view: TrialView) -> dict:
     else:
         init_panel = {**_duration_stats(init, outlier_rows(init.outliers, "duration_us")),
                       "iterators": iterator_rows(init.iterators),
-                      "figure": figures.initialization_figure(init), "note": init_note}
+                      "figure": figures.initialization_figure_spec(init), "note": init_note}
     if unknown and "workers" in trial.not_recorded:
         workers_panel = _unrecorded_stats(workers_note)
     else:
         workers_panel = {**_duration_stats(workers, outlier_rows(workers.outliers, "duration_us", no_ids)),
-                         "figure": figures.workers_figure(workers), "note": workers_note}
+                         "figure": figures.workers_figure_spec(workers), "note": workers_note}
     return {
         "init": init_panel,
         "workers": workers_panel,
         "getnext": {**_duration_stats(getnext, outlier_rows(getnext.outliers, "duration_us", no_ids)),
-                    "histogram": figures.getnext_histogram(getnext, factor),
-                    "timeline": figures.getnext_timeline(getnext, factor)},
+                    "histogram": figures.getnext_histogram_spec(getnext, factor),
+                    "timeline": figures.getnext_timeline_spec(getnext, factor)},
         "batchtime": {"count": str(batch.count), "median_s": duration_s(batch.median_s),
                       "outlier_count": str(len(batch.outliers)),
                       "outliers": outlier_rows(batch.outliers, "batch_time_s", no_ids),
-                      "figure": figures.batchtime_figure(batch)},
+                      "figure": figures.batchtime_figure_spec(batch)},
         "outlier_factor": factor,
     }
 

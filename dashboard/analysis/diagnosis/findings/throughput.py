@@ -34,12 +34,15 @@ def _own_handoff_s(evidence: dict) -> float | None:
     return handoff if busy is None else handoff * busy
 
 
-def _handoff_text(handoff_s: float | None) -> str:
-    if not handoff_s or handoff_s < HANDOFF_NAMED_S:
+def _handoff_text(evidence: dict) -> str:
+    """The hand-over as measured, when the part the workers' own next samples hold up is worth naming."""
+    own, handoff, busy = _own_handoff_s(evidence), evidence.get("handoff_s"), evidence.get("worker_busy")
+    if not own or own < HANDOFF_NAMED_S:
         return ""
-    return (f" Batches the workers had finished still waited {duration_s(handoff_s)} each to be handed over: "
-            "a worker's queue thread needs the GIL and a core, which its next sample's work holds (cheaper "
-            "samples shorten it too).")
+    share = f", and they were fetching {100 * busy:.0f} % of the time" if busy is not None else ""
+    return (f" Batches the workers had finished still waited {duration_s(handoff)} each to be handed over: "
+            f"a worker's queue thread needs the GIL and a core, which its next sample's work holds{share} "
+            "(cheaper samples shorten it too).")
 
 
 def _candidates(workers: int, cores: int | None, bound: str) -> list[int]:
@@ -96,7 +99,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     # scenario's planted fault below the bar in one CI run: its ready batches waited 6-8 ms.)
     # The hand-over is the workers' own only as often as they are busy: a batch finished by an
     # idle worker waits for a core the host's other processes hold (the clean scenario with
-    # four `yes` running: ready batches waited 3-4 ms each on workers busy 10 % of the time,
+    # four `yes` running: ready batches waited 3-4 ms each on workers busy 7 % of the time,
     # which cheaper samples cannot shorten).
     per_batch = budget.evidence.get("delivery_s") or 0.0
     own_handoff = _own_handoff_s(budget.evidence)
@@ -131,7 +134,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
             text = (f"{loader.label} on {ctx.process.label}: the workers cannot keep up "
                     f"({duration_s(part)} of steady waiting) and the CPUs are the limit ({host}; {why}): "
                     f"more workers will not help, or only by taking cores from the other processes on it."
-                    + _handoff_text(own_handoff)
+                    + _handoff_text(budget.evidence)
                     + predicted_text(doubled).replace("Predicted:", f"Predicted with num_workers={2 * workers}:")
                     + " Make per-sample work cheaper (decode smaller images, lighter augmentation, a faster "
                     "decoder), cache decoded or preprocessed samples, or move decoding and augmentation to "
