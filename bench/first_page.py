@@ -1,0 +1,108 @@
+"""Benchmark: the dashboard's first page of a large trial, cold and warm, in server time.
+
+A new `app.py serve` process on a new cache folder opens the trial (cold: the parse, the
+analyses, the page drawn), then RUNS new server processes on the same folder open it again
+(warm: what a second server process, a restart or another gunicorn worker does). Each page is
+driven over HTTP as the browser's renderer drives it (tests/dash_http.py): the load (the
+background job, polled every 0.1 s), the panels, the first window (the whole job), the ranks.
+Times are the server's answers as the client sees them on loopback; RSS is the server
+process's after the page. The trial is bench/diagnosis.py's 3M-GetNext one unless --size says.
+Target (issue "Trials of any size"): the first page of a warm 3M trial in <= 2 s of server time.
+
+    python3 bench/first_page.py [--runs 3] [--size 3000000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+from diagnosis import SIZES, make_trial  # noqa: E402  (bench/, the script's own folder)
+from stats import spread  # noqa: E402
+from tests.test_server_hardening import AppServer, loaded_store, request_load, server_env  # noqa: E402
+from tests.dash_http import DashSession  # noqa: E402
+
+STEPS = ("load", "panels", "window", "ranks")
+
+
+def first_page(url: str, trial: str) -> dict:
+    """Seconds of each step of one page's first view of `trial`."""
+    page = DashSession(url, timeout=900).open()
+    times = {}
+    started = time.perf_counter()
+    loaded = page.call_background(page.find("trial-store.data"), {"load-request.data": request_load(page, trial)},
+                                  ["load-request.data"], poll_s=0.1, timeout_s=900)
+    times["load"] = time.perf_counter() - started
+    store = loaded_store(loaded)
+    calls = {
+        "panels": ("getnext-count.children", {"trial-store.data": store, "node-select.value": ""}, "trial-store.data"),
+        "window": ("window-store.data", {"trial-store.data": store}, "trial-store.data"),
+    }
+    for step, (output, values, trigger) in calls.items():
+        started = time.perf_counter()
+        result = page.call(page.find(output), values, [trigger])
+        assert result.status == 200, result.text[:300]
+        if step == "window":  # the window store, then the figures of that window
+            window = result.values["window-store.data"]
+            result = page.call(page.find("window-graph.figure"),
+                               {"window-store.data": window, "select-events.value": ".*",
+                                "select-dimensions.value": ".*", "node-select.value": "",
+                                "what-if-loader.value": "", "trial-store.data": store}, ["window-store.data"])
+            assert result.status == 200 and not result.values.get("window-error.children"), result.text[:300]
+        times[step] = time.perf_counter() - started
+    started = time.perf_counter()
+    result = page.call(page.find("rank-heatmap.figure"),
+                       {"trial-store.data": store, "rank-order.value": "host", "window-store.data": window},
+                       ["trial-store.data"])
+    assert result.status == 200, result.text[:300]
+    times["ranks"] = time.perf_counter() - started
+    times["all"] = sum(times[step] for step in STEPS)
+    return times
+
+
+def one_server(work: str, cache: str, trial: str, name: str) -> dict:
+    import psutil
+
+    server = AppServer(os.path.join(work, f"{name}.log"), "serve", "--cache-dir", cache,
+                       "--data-root", os.path.dirname(trial), "--max-trial-mb", "100000", env=server_env(pathlib.Path(work)))
+    server.wait_ready()
+    try:
+        times = first_page(server.url, trial)
+        times["rss_mb"] = psutil.Process(server.process.pid).memory_info().rss / 2**20
+        return times
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="warm server processes after the cold one")
+    parser.add_argument("--size", default="3000000", choices=sorted(SIZES))
+    args = parser.parse_args()
+    trial = make_trial(args.size)
+    work = tempfile.mkdtemp(prefix="first-page-")
+    try:
+        cache = os.path.join(work, "cache")
+        cold = one_server(work, cache, trial, "cold")
+        warm = [one_server(work, cache, trial, f"warm{i}") for i in range(args.runs)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"trial {os.path.relpath(trial, ROOT)}")
+    print("cold: " + ", ".join(f"{k} {v:.2f} s" for k, v in cold.items() if k != "rss_mb")
+          + f"; server RSS {cold['rss_mb']:.0f} MB")
+    for key in (*STEPS, "all"):
+        print(f"warm {key}: {spread([w[key] for w in warm], 2)} s")
+    print(f"warm server RSS: {spread([w['rss_mb'] for w in warm], 0)} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
