@@ -285,17 +285,23 @@ def test_a_warm_load_finds_its_page_ready_without_reading_the_trial_back(tmp_pat
     assert again_key == key and not cached and len(again.framework) == len(trial.framework)
 
 
-def test_analyses_and_page_parts_made_by_other_code_are_not_served(tmp_path, monkeypatch):
-    """Kept analyses and drawn parts of pages are named with the code that made them: a server
-    of another version (an upgrade on the same cache folder) makes its own."""
-    import dashboard.web.cache as cache_module
-
+def analysed_trial(tmp_path) -> tuple[TrialCache, str]:
+    """A cache (under tmp_path/cache) holding a small trial and its whole-trial analyses; its key."""
     folder = str(tmp_path / "trial")
     synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
     cache = TrialCache(str(tmp_path / "cache"), 64)
     key, trial, _ = cache.load(folder, roots=[str(tmp_path)])
     cache.analysis(key, trial)
     cache.assessment(key, trial)
+    return cache, key
+
+
+def test_analyses_and_page_parts_made_by_other_code_are_not_served(tmp_path, monkeypatch):
+    """Kept analyses and drawn parts of pages are named with the code that made them: a server
+    of another version (an upgrade on the same cache folder) makes its own."""
+    import dashboard.web.cache as cache_module
+
+    cache, key = analysed_trial(tmp_path)
     assert cache.page_part(f"panels:{key}:", lambda: "drawn by this code") == "drawn by this code"
     assert TrialCache(str(tmp_path / "cache"), 64).page_part(f"panels:{key}:", lambda: "again") == "drawn by this code"
     assert TrialCache(str(tmp_path / "cache"), 64).ready(key, [None]) is not None
@@ -310,12 +316,7 @@ def test_a_trial_shown_from_its_page_parts_is_not_the_first_the_culling_takes(tm
     """A warm page reads its parts, not the trial: the trial and its analyses are marked used
     all the same, or the least-recently-used culling would take them (the largest entries)
     first from a trial people keep opening."""
-    folder = str(tmp_path / "trial")
-    synthetic.write_trial(folder, epochs=1, train_batches=10, val_batches=0)
-    cache = TrialCache(str(tmp_path / "cache"), 64)
-    key, trial, _ = cache.load(folder, roots=[str(tmp_path)])
-    cache.analysis(key, trial)
-    cache.assessment(key, trial)
+    cache, key = analysed_trial(tmp_path)
     cache.disk.set("another trial's entry", b"x" * 1_000)  # used after them
     other = TrialCache(str(tmp_path / "cache"), 64)  # another server process, showing the page
     assert other.ready(key, [None]) is not None and other.holds(key)
