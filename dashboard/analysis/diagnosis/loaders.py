@@ -206,11 +206,14 @@ def _matches(values: pd.Series, pattern: re.Pattern) -> np.ndarray:
 
 
 def _training_steps(framework: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    steps = framework[framework["kind"] == fmt.KIND_STEP]
-    if len(steps):
-        steps = steps[~(_matches(steps["phase"], _EVAL_RE) | _matches(steps["name"], _EVAL_RE))]
-    order = np.argsort(steps["start_us"].to_numpy(), kind="stable")
-    return steps["start_us"].to_numpy()[order], steps["end_us"].to_numpy()[order]
+    # Positions, not a copy of the steps' rows (every column of 3M steps: 0.4 s).
+    rows = np.flatnonzero((framework["kind"] == fmt.KIND_STEP).to_numpy())
+    if len(rows):
+        phase, name = framework["phase"].iloc[rows], framework["name"].iloc[rows]
+        rows = rows[~(_matches(phase, _EVAL_RE) | _matches(name, _EVAL_RE))]
+    start = framework["start_us"].to_numpy()[rows]
+    order = np.argsort(start, kind="stable")
+    return start[order], framework["end_us"].to_numpy()[rows][order]
 
 
 def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
