@@ -71,8 +71,8 @@ def first_page(url: str, trial: str) -> dict:
 def one_server(work: str, cache: str, trial: str, name: str) -> dict:
     import psutil
 
-    server = AppServer(os.path.join(work, f"{name}.log"), "serve", "--cache-dir", cache,
-                       "--data-root", os.path.dirname(trial), "--max-trial-mb", "100000", env=server_env(pathlib.Path(work)))
+    server = AppServer(os.path.join(work, f"{name}.log"), "serve", "--cache-dir", cache, "--data-root",
+                       os.path.dirname(trial), "--max-trial-mb", "100000", env=server_env(pathlib.Path(work)))
     server.wait_ready()
     try:
         times = first_page(server.url, trial)

@@ -275,8 +275,9 @@ def trial_key(path: str, listing_fingerprint: str) -> str:
 
 def _code_version() -> str:
     """A digest of the dashboard package's source, Python's and the analysis libraries' versions:
-    what an analysis or a drawn part of a page was made by. A server of another version computes its own instead of serving what older
-    code made (a pickle of an unchanged class unpickles, whatever its numbers were made by)."""
+    what an analysis or a drawn part of a page was made by. A server of another version computes
+    its own instead of serving what older code made (a pickle of an unchanged class unpickles,
+    whatever its numbers were made by)."""
     root = pathlib.Path(__file__).resolve().parents[1]
     digest = hashlib.sha256(sys.version.encode())
     # The libraries whose upgrade can change the numbers or the figures.

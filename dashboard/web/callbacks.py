@@ -137,7 +137,8 @@ def _rank_waits(context: Context, key: str):
     trial is no longer in the cache. The trial itself is read only when they are not kept."""
     try:
         check_held(context, key)
-        return context.cache.page_part(f"rank-waits:{key}", lambda: ranks.rank_waits(whole_trial(context, key).framework))
+        return context.cache.page_part(f"rank-waits:{key}",
+                                       lambda: ranks.rank_waits(whole_trial(context, key).framework))
     except TrialEvicted:
         return None
 
@@ -262,15 +263,18 @@ def register_callbacks(app, context: Context) -> None:
         try:
             check_held(context, key)
             # Drawn once and kept on the disk (cache.page_part): a warm trial's page reads no trial back.
-            options = context.cache.page_part(f"node-options:{key}", lambda: views.node_options(whole_trial(context, key)))
+            options = context.cache.page_part(f"node-options:{key}",
+                                              lambda: views.node_options(whole_trial(context, key)))
             if ctx.triggered_id == Ids.TRIAL_STORE and store.get("node") is not None:
                 node = store.get("node") or ""
             if node not in {o["value"] for o in options}:
                 node = ""
-            p = context.cache.page_part(f"panels:{key}:{node}", lambda: views.panels(get_view(context, key, node)))
-            verdict = context.cache.page_part(f"verdict:{key}:{node}",
-                                          lambda: views.verdict_summary(get_view(context, key, node)))
-            budget = context.cache.page_part(f"budget:{key}:{node}", lambda: views.budget_view(get_view(context, key, node)))
+
+            def of_view(name: str, draw):
+                return context.cache.page_part(f"{name}:{key}:{node}", lambda: draw(get_view(context, key, node)))
+
+            p, verdict, budget = (of_view("panels", views.panels), of_view("verdict", views.verdict_summary),
+                                  of_view("budget", views.budget_view))
             summary = context.cache.page_part(f"summary:{key}", lambda: views.summary(whole_trial(context, key)))
         except TrialEvicted:
             return [no_update] * (len(panel_outputs) - 1) + [EVICTED]
