@@ -300,6 +300,20 @@ def test_a_hand_over_is_the_workers_cpu_work_only_as_often_as_they_are_busy(tmp_
     assert f"fetching {100 * budget.evidence['worker_busy']:.0f} % of the time" in found.text, found.text
 
 
+@pytest.mark.parametrize("cores, expected", [(2, "cpu_saturated"), (16, "more_workers")])
+def test_a_host_is_saturated_when_less_than_half_a_core_is_free(tmp_path, cores, expected):
+    # 88 % busy: on 2 cores 0.24 of a core is free, no room for another computing worker (the
+    # cpu scenario read 87-90 % there, and more workers gained 3-5 %); on 16 cores, 1.9 cores.
+    plant(str(tmp_path), getnext_us=lambda *_: 30_000, first_us=30_000, step_us=30_000, cpu_percent=88.0,
+          cores=cores)
+    items = findings(str(tmp_path))
+    assert set(items) == {expected}, items
+    if expected == "cpu_saturated":
+        assert "will not help" in items[expected].text and items[expected].change is None
+    else:
+        assert items[expected].change["num_workers"] > 2
+
+
 def test_cpu_headroom_suggests_a_worker_count_and_its_saving(tmp_path):
     batches, wait, compute = 40, 30_000, 30_000
     plant(str(tmp_path), batches=batches, getnext_us=lambda *_: wait, first_us=wait, step_us=compute,

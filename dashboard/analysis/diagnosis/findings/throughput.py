@@ -4,7 +4,7 @@ Reads the budget's `throughput` and `main_process` parts; the worker count is th
 smallest the what-if finds to give nearly all of the best saving."""
 from __future__ import annotations
 
-from ..budget import CPU_SATURATED_PERCENT
+from ..budget import cores_saturated
 from ..verdict import MODERATELY_INPUT_BOUND_PERCENT
 from ....display import duration_s
 from .base import LoaderContext, Recommendation, predicted_text
@@ -127,7 +127,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
         why += ", estimated from the host's CPU use"
     # Computing workers on a saturated host: whatever more workers gain, they take from the
     # main process and the host's other processes; the fix is cheaper samples.
-    saturated = budget.bound == "cpu" and cpu is not None and cpu >= CPU_SATURATED_PERCENT
+    saturated = budget.bound == "cpu" and cores_saturated(cpu, cores)
     if saturated or chosen is None or not ctx.worth(chosen.saving_s) or chosen.saving_s < MEANINGFUL_SHARE * part:
         if budget.bound == "cpu":
             doubled = ctx.predict({"num_workers": 2 * workers})
