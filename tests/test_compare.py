@@ -20,13 +20,17 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, free_port
-from test_diagnosis_scenarios import (FIXED_TRAINING_RATIO_MAX, TRAINING_RELATIVE_TOLERANCE,
-                                      WAIT_FRACTION_TOLERANCE, WAIT_TOLERANCE_PER_BATCH_S, Run, fraction_tolerance,
-                                      training_tolerance_s, wait_tolerance_s)
+from test_diagnosis_scenarios import (TRAINING_RELATIVE_TOLERANCE, WAIT_FRACTION_TOLERANCE,
+                                      WAIT_TOLERANCE_PER_BATCH_S, Run, fraction_tolerance, training_tolerance_s,
+                                      wait_tolerance_s)
 
 pytestmark = pytest.mark.torch
 
 CHANGE = {"persistent_workers": True}
+# B must show the change, else the comparison has nothing to find: persistent workers took the
+# startup job to 0.25-0.34 of its training quiet and 0.31-0.39 with two `yes` running (the
+# repeated runs in test_diagnosis_scenarios.py's docstring).
+FIXED_TRAINING_RATIO_MAX = 0.75
 COMPARE_KEYS = {"a", "b", "delta", "settings_changed", "findings", "predicted", "achieved"}
 # The page writes durations to 4 significant digits (dashboard/display.py): 0.05 % of a value.
 DISPLAY_RELATIVE = 5e-4
@@ -44,7 +48,7 @@ def runs(tmp_path_factory):
     ratio = runs.b.books["training_s"] / runs.a.books["training_s"]
     assert ratio <= FIXED_TRAINING_RATIO_MAX, (
         f"B trained {ratio:.2f}x as long as A: the machine is too busy for the change to show "
-        f"(see FIXED_TRAINING_RATIO_MAX in test_diagnosis_scenarios.py)")
+        f"(see FIXED_TRAINING_RATIO_MAX)")
     return runs
 
 

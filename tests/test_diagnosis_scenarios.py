@@ -98,10 +98,12 @@ WAIT_FRACTION_TOLERANCE = 0.25
 # 0.31..0.39 around 0.33). 35 % is 1.3x that; with the planted runs training 2-4x as long as
 # the fixed ones (quiet), a prediction of half the saving or less fails.
 TRAINING_RELATIVE_TOLERANCE = 0.35
-# The re-run must show the fix, else comparing the prediction with it says nothing: fixed /
-# planted training was at most 0.34 (latency), 0.39 (slow_worker, 4 workers), 0.34 (startup)
-# quiet; loaded 0.63, 0.42 and 0.39.
-FIXED_TRAINING_RATIO_MAX = 0.75
+# The re-run must tell the prediction apart from "nothing changes", else comparing them says
+# nothing: the predicted training time must lie nearer the re-run's than the planted run's
+# does. (This replaced a bar on the fix's size, fixed / planted training <= 0.75, measured
+# 0.34-0.39 quiet and 0.39-0.63 loaded. A loaded suite run on a host twice as slow as those,
+# 22 ms of compute a step against 11, failed it with predictions that held: latency 0.82,
+# predicted 3.09 s against 3.49 s measured; slow_worker 0.81, 3.31 s against 4.00 s.)
 # CPU-bound samples on saturated cores: doubling the workers gains what the model predicts
 # (on a saturated host the scheduler shares the cores between runnable threads: more workers
 # take cores from the main process and from other processes). The gain is measured as the
@@ -402,10 +404,10 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
     assert what_if.now["wait_fraction"] == pytest.approx(planted.wait_fraction, abs=fraction_tolerance(planted))
     assert what_if.now["training_s"] == pytest.approx(planted.books["training_s"], abs=training_tolerance_s(planted))
 
-    ratio = fixed.books["training_s"] / planted.books["training_s"]
-    assert ratio <= FIXED_TRAINING_RATIO_MAX, (
-        f"the re-run with {change} trained {ratio:.2f}x as long as the planted run: the machine is too "
-        f"busy for this scenario to show its fix (see FIXED_TRAINING_RATIO_MAX)")
+    planted_s, fixed_s = planted.books["training_s"], fixed.books["training_s"]
+    assert abs(predicted["training_s"] - fixed_s) < abs(planted_s - fixed_s), (
+        f"the re-run with {change} trained {fixed_s:.2f} s against the planted run's {planted_s:.2f} s: the "
+        f"prediction ({predicted['training_s']:.2f} s) is no nearer to it than 'nothing changes'")
     assert predicted["wait_fraction"] == pytest.approx(fixed.wait_fraction, abs=WAIT_FRACTION_TOLERANCE), (
         predicted, fixed.books["wait_s"], fixed.books["training_s"])
     assert predicted["training_s"] == pytest.approx(fixed.books["training_s"], rel=TRAINING_RELATIVE_TOLERANCE), (
