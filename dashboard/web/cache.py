@@ -55,7 +55,8 @@ COLUMNS_FOLDER = "columns"  # parsed files (dashboard/trial/columnar_cache.py)
 JOBS_FOLDER = "jobs"
 PAGE_PART = "page:"  # the names of drawn parts of pages (page_part)
 VERSIONED_PACKAGES = ("numpy", "pandas", "pyarrow", "scipy", "plotly", "dash", "msgspec")
-MEMORY_ITEMS = 16  # trials, analyses, views and panels of the last few trials
+MEMORY_ITEMS = 16
+MARK_USED_EVERY_S = 60.0  # the culling's order needs no finer clock than this  # trials, analyses, views and panels of the last few trials
 # A process that died without a word (killed) while loading holds the trial no longer than
 # this; a holder gone from this host is noticed at once.
 LOCK_EXPIRE_S = 600
@@ -347,6 +348,16 @@ class TrialCache:
         self.page_memory = _Memory(MEMORY_ITEMS)
         self._local = threading.local()  # not_kept, per thread: a load and its writes run in one
         self._cull_lock = threading.Lock()
+        self._marked: dict[str, float] = {}  # name -> when this process last marked it used
+
+    def _mark_used(self, names: Sequence[str]) -> None:
+        """disk.mark_used for names not marked in the last MARK_USED_EVERY_S: a write per name
+        and minute, not one per callback (every drag asks holds())."""
+        now = time.monotonic()
+        due = [name for name in names if now - self._marked.get(name, -MARK_USED_EVERY_S) >= MARK_USED_EVERY_S]
+        if due:
+            self.disk.mark_used(due)
+            self._marked.update(dict.fromkeys(due, now))
 
     def _memory_of(self, key: str) -> _Memory:
         return self.page_memory if key.startswith(PAGE_PART) else self.memory
@@ -493,7 +504,7 @@ class TrialCache:
                                    for what in ("analysis", "assessment"))]
         if not all(name in self.disk for name in names):
             return None
-        self.disk.mark_used(names)  # not read back, but used: the culling must not take them first
+        self._mark_used(names)  # not read back, but used: the culling must not take them first
         span = self._get(f"span:{key}")
         return tuple(span) if span is not None else None
 
@@ -569,7 +580,7 @@ class TrialCache:
             return True
         for kept in (name, f"source:{key}"):
             if kept in self.disk:
-                self.disk.mark_used([kept])  # what a page shows from its parts: used, not read back
+                self._mark_used([kept])  # what a page shows from its parts: used, not read back
                 return True
         return False
 
