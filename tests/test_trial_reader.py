@@ -7,6 +7,9 @@ import json
 import os
 import shutil
 
+import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 
 import dashboard
@@ -345,3 +348,68 @@ def test_a_process_with_other_threads_parses_in_itself_never_forking(tmp_path, m
         release.set()
         other.join()
     assert len(trial.framework) == len(load_trial(str(tmp_path)).framework) > 0
+
+
+def _pyarrows_conversion(tables, schema):
+    """What pyarrow's own pandas conversion makes of the tables: the frames' types, by another
+    road (the frames fill their columns table by table instead)."""
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    for name in table.column_names:
+        if pa.types.is_string(table.schema.field(name).type):
+            table = table.set_column(table.schema.get_field_index(name), name,
+                                     table.column(name).dictionary_encode())
+    return table.unify_dictionaries().to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(),
+                                                              pa.bool_(): pd.BooleanDtype()}.get)
+
+
+def test_the_frames_columns_are_pyarrows_conversion_of_the_files_tables():
+    """Per-file tables with different dictionaries, null codes, columns empty in some tables and
+    in all, batches of several sizes: the columns equal pyarrow's conversion of the concatenated
+    tables, category order included; the list is emptied (each table freed once copied)."""
+    from dashboard.trial.frames import FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA, _columns_of
+
+    rng = np.random.default_rng(7)
+
+    def framework_table(rows: int, names: list[str], with_settings: bool) -> pa.Table:
+        columns = {}
+        for field in FRAMEWORK_ARROW_SCHEMA:
+            if pa.types.is_dictionary(field.type):
+                values = [None if rng.random() < 0.1 else names[i] for i in rng.integers(0, len(names), rows)]
+                columns[field.name] = pa.array(values, pa.string()).dictionary_encode()
+            elif field.name in ("start_us", "end_us"):
+                columns[field.name] = pa.array(rng.integers(0, 10**12, rows), pa.int64())
+            elif field.name in ("num_workers", "pin_memory") and not with_settings:
+                columns[field.name] = pa.nulls(rows, field.type)
+            elif field.name == "rank":
+                columns[field.name] = pa.nulls(rows, field.type)  # empty in every table
+            elif pa.types.is_boolean(field.type):
+                columns[field.name] = pa.array([None if rng.random() < 0.3 else bool(rng.integers(2))
+                                                for _ in range(rows)], pa.bool_())
+            else:
+                columns[field.name] = pa.array([None if rng.random() < 0.3 else int(v)
+                                                for v in rng.integers(-5, 10**9, rows)], pa.int64())
+        table = pa.table(columns, schema=FRAMEWORK_ARROW_SCHEMA)
+        return pa.Table.from_batches(table.to_batches(max_chunksize=7), FRAMEWORK_ARROW_SCHEMA)
+
+    tables = [framework_table(20, ["b", "a"], True), framework_table(0, ["z"], False),
+              framework_table(33, ["c", "a", "d"], False), framework_table(5, ["e"], True)]
+    expected = _pyarrows_conversion(list(tables), FRAMEWORK_ARROW_SCHEMA)
+    given = list(tables)
+    columns = _columns_of(given, FRAMEWORK_ARROW_SCHEMA, never_null=("start_us", "end_us"))
+    assert given == []
+    frame = pd.DataFrame(columns)
+    expected = expected.astype({"start_us": "int64", "end_us": "int64"})
+    pd.testing.assert_frame_equal(frame, expected, check_exact=True)
+    assert frame["rank"].isna().all() and frame["num_workers"].notna().sum() > 0
+
+    system = [pa.table({"node": ["h1", "h2", "h1"], "timestamp_us": [3, 1, 2], "type": ["cpu", "cpu", "gpu"],
+                        "name": ["cpu0", None, "gpu0"], "dimension": ["CPUUtilization"] * 3,
+                        "value": [1.5, None, 3.0]}, schema=SYSTEM_ARROW_SCHEMA),
+              pa.table({"node": ["h3"], "timestamp_us": [4], "type": ["io"], "name": ["sda"],
+                        "dimension": ["ReadBytes"], "value": [9.0]}, schema=SYSTEM_ARROW_SCHEMA)]
+    expected = _pyarrows_conversion(list(system), SYSTEM_ARROW_SCHEMA).astype({"timestamp_us": "int64"})
+    frame = pd.DataFrame(_columns_of(list(system), SYSTEM_ARROW_SCHEMA, never_null=("timestamp_us",)))
+    pd.testing.assert_frame_equal(frame, expected, check_exact=True)
+
+    empty = pd.DataFrame(_columns_of([], FRAMEWORK_ARROW_SCHEMA, never_null=("start_us", "end_us")))
+    assert len(empty) == 0 and [str(d) for d in empty.dtypes] == [str(d) for d in pd.DataFrame(columns).dtypes]

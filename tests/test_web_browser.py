@@ -585,9 +585,11 @@ def test_gunicorn_workers_share_one_cache(dash_duo, tmp_path):
     port = free_port()
     env = dict(os.environ, DASHBOARD_TRIAL=str(tmp_path / "trial"), DASHBOARD_CACHE_DIR=str(tmp_path / "cache"),
                DASHBOARD_DATA_ROOTS=str(tmp_path))
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}",
-                               "--timeout", "60", "app:server"], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log_path = tmp_path / "gunicorn.log"  # a file, not an unread pipe: a full pipe stalls the server
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}",
+                                   "--timeout", "60", "app:server"], cwd=ROOT, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}/"
 
@@ -599,7 +601,10 @@ def test_gunicorn_workers_share_one_cache(dash_duo, tmp_path):
 
         wait_until(up, timeout=30, message="gunicorn")
         dash_duo.driver.get(url)
-        wait_loaded(dash_duo, len(written.of_kind("getnext")))
+        try:
+            wait_loaded(dash_duo, len(written.of_kind("getnext")))
+        except AssertionError as exc:  # with what the servers said
+            raise AssertionError(f"{exc}\n--- gunicorn's log:\n{log_path.read_text()[-6000:]}") from None
         assert text(dash_duo, "workers-count") == str(len(written.of_kind("worker")))
         dash_duo.find_element("#refresh-trial").click()  # unchanged: served from the shared cache
         dash_duo.wait_for_contains_text("#summary", str(tmp_path / "trial"), timeout=20)

@@ -750,6 +750,7 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+    futures.clear()  # each holds its file's table: framework_frame frees them one by one
     if not report.files_read and all(s.reason.startswith(NOT_A_TRIAL_FILE) for s in report.files_skipped
                                      if s.path in {info.key for info, _, _ in jobs}):
         # Only JSON files that are not traces (a config.json, a metrics dump): not a trial.
@@ -769,8 +770,9 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
     trial_format = "kineto" if kinds == {KINETO} else "mixed" if KINETO in kinds else "smdebug"
     kineto_processes = sorted({process for table in tables[KINETO]
                                for process in table.column("process").unique().to_pylist()})
-    trial = Trial(path=path, framework=frames.framework_frame(tables[FRAMEWORK] + tables[KINETO]),
-                  system=frames.system_frame(tables[SYSTEM]), report=report,
+    # Popped: framework_frame frees each table as it copies it, unless this dict still holds it.
+    trial = Trial(path=path, framework=frames.framework_frame(tables.pop(FRAMEWORK) + tables.pop(KINETO)),
+                  system=frames.system_frame(tables.pop(SYSTEM)), report=report,
                   fingerprint=fingerprint(files), format=trial_format, kineto_processes=tuple(kineto_processes))
     arrow_memory.release_unused()
     return trial
