@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .. import format as fmt
+from ..trial.frames import take_column, take_rows
 
 DEFAULT_OUTLIER_FACTOR = 2.0
 # Event and metric filters are short names; a huge pattern only costs the server time.
@@ -143,7 +144,7 @@ class DataLoaderAnalysis:
 # --- the analyses ------------------------------------------------------------------------
 
 def _of_kind(framework: pd.DataFrame, kind: str) -> pd.DataFrame:
-    return framework[framework["kind"] == kind]
+    return take_rows(framework, np.flatnonzero((framework["kind"] == kind).to_numpy()))
 
 
 def analyze_initialization(framework: pd.DataFrame,
@@ -291,7 +292,7 @@ def batch_times(framework: pd.DataFrame) -> pd.DataFrame:
     rows, start, end = rows[by_start], start[by_start], end[by_start]
     batches = pd.DataFrame({
         "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
-        **{name: framework[name].array.take(rows) for name in ("pid", "node", "rank", "worker_id")},
+        **{name: take_column(framework[name].array, rows) for name in ("pid", "node", "rank", "worker_id")},
         "segment": found.segment[:-1][has_next][by_start]}, columns=columns, copy=False)
     return batches
 

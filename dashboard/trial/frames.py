@@ -137,6 +137,37 @@ def _columns_of(tables: list[pa.Table], schema: pa.Schema, never_null: tuple[str
     return {builder.name: builder.array() for builder in builders}
 
 
+def missing_column(length: int, dtype) -> pd.api.extensions.ExtensionArray:
+    """A nullable column (Int64 or boolean) without a value: zeros from calloc under an all-true
+    mask. Its data pages are never written, so they cost no memory (of 21 framework columns,
+    up to 10 are empty on most rows' events: the settings, set on initializations only)."""
+    data = np.zeros(length, dtype=np.bool_ if isinstance(dtype, pd.BooleanDtype) else np.int64)
+    kind = pd.arrays.BooleanArray if isinstance(dtype, pd.BooleanDtype) else pd.arrays.IntegerArray
+    return kind(data, np.ones(length, dtype=bool))
+
+
+def _is_missing_column(values) -> bool:
+    return isinstance(values, (pd.arrays.IntegerArray, pd.arrays.BooleanArray)) and bool(values.isna().all())
+
+
+def take_column(values, positions: np.ndarray):
+    """A column's values at those positions; a column without a value stays unwritten
+    (missing_column) instead of being copied."""
+    if _is_missing_column(values):
+        return missing_column(len(positions), values.dtype)
+    return values.take(positions)
+
+
+def take_rows(frame: pd.DataFrame, positions: np.ndarray) -> pd.DataFrame:
+    """The rows of a frame at those positions (frame[mask] for np.flatnonzero(mask)), its
+    empty columns kept unwritten (take_column)."""
+    def values(series: pd.Series):
+        return series.array if isinstance(series.dtype, pd.api.extensions.ExtensionDtype) else series.to_numpy()
+
+    return pd.DataFrame({name: take_column(values(frame[name]), positions) for name in frame.columns},
+                        index=frame.index[positions], copy=False)
+
+
 def _kind_of(phases: pd.Categorical, names: pd.Categorical) -> pd.Categorical:
     """Event kind per row: from the phase where it decides, in the DataLoaderIter phase from
     the name (kind_in_iter_phase), else from the name; each classification runs once per
@@ -205,8 +236,7 @@ def framework_frame(tables: list[pa.Table]) -> pd.DataFrame:
     if len(start) and bool(np.any(start[1:] < start[:-1])):
         order = np.argsort(start, kind="stable")
         for name, values in columns.items():
-            if not (isinstance(values, pd.api.extensions.ExtensionArray) and values.isna().all()):
-                columns[name] = values.take(order)  # (all missing: nothing to reorder, nothing written)
+            columns[name] = take_column(values, order)
     columns["duration_us"] = columns["end_us"] - columns["start_us"]
     columns["kind"] = _kind_of(pd.Categorical(columns["phase"]), pd.Categorical(columns["name"]))
     columns.update(_identity(pd.Categorical(columns["process"]), columns["rank"], columns["local_rank"],
@@ -277,8 +307,8 @@ def _identity(process: pd.Categorical, rank, local_rank, pid, kind: pd.Categoric
     def spread(values: np.ndarray):
         """A value per process (NaN: none) to its rows, as Int64: taken from the processes'
         few values, not converted row by row."""
-        if np.isnan(values).all():  # (as the frame's empty columns: never-written zeros)
-            return pd.arrays.IntegerArray(np.zeros(len(codes), dtype=np.int64), np.ones(len(codes), dtype=bool))
+        if np.isnan(values).all():
+            return missing_column(len(codes), pd.Int64Dtype())
         return pd.array(values, dtype="Float64").astype("Int64").take(codes, allow_fill=False)
 
     return {"node": node, "rank": spread(by_process), "local_rank": spread(local)}

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ... import format as fmt
-from ...trial.frames import identity_order
+from ...trial.frames import identity_order, take_column
 from ...trial.load import processes_of
 from ..dataloader import (per_category, getnext_segments, ints_or, iterator_class, iterator_classes, labels,
                           loader_name)
@@ -233,7 +233,10 @@ def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.
     after = np.searchsorted(starts, call_start, side="left")
     following = (after < len(starts)) & (starts[np.clip(after, None, len(starts) - 1)] < next_start)
     own = np.where(containing, before, np.where(following, after, -1))
-    later_in_step = pd.DataFrame({"pid": calls["pid"].to_numpy(), "own": own}).duplicated().to_numpy()
+    # (pid, own step) pairs seen before, as one integer key: hashing two columns of a frame took
+    # 0.3 s at 3M GetNexts, this 0.1 s.
+    pid_codes = pd.factorize(calls["pid"].to_numpy())[0].astype(np.int64)
+    later_in_step = pd.Series(pid_codes * (len(starts) + 1) + (own + 1)).duplicated().to_numpy()
     return np.where(later_in_step & containing, -1, own)
 
 
@@ -301,8 +304,8 @@ def _calls_frame(framework: pd.DataFrame) -> pd.DataFrame:
     next_start = np.full(len(rows), _FAR, dtype=np.int64)
     next_start[by_process[:-1]] = np.where(same, start_in[1:], _FAR)
 
-    def column(name: str) -> pd.Series:
-        return framework[name].take(rows).reset_index(drop=True)
+    def column(name: str):
+        return take_column(framework[name].array, rows)
 
     # copy=False: the columns are its own, and copying them into consolidated blocks took 0.6 s
     # at 3M GetNexts.
