@@ -413,3 +413,18 @@ def test_the_frames_columns_are_pyarrows_conversion_of_the_files_tables():
 
     empty = pd.DataFrame(_columns_of([], FRAMEWORK_ARROW_SCHEMA, never_null=("start_us", "end_us")))
     assert len(empty) == 0 and [str(d) for d in empty.dtypes] == [str(d) for d in pd.DataFrame(columns).dtypes]
+
+
+def test_rows_taken_by_position_equal_pandas_selection_and_leave_empty_columns_empty(tmp_path):
+    """take_rows is frame[mask] (pandas' own selection the oracle), on a real trial's frame with
+    its empty settings columns; those stay missing_column (all missing, nothing written)."""
+    from dashboard.trial.frames import take_rows
+
+    write_trial(tmp_path / "t", epochs=1)
+    framework = dashboard.load_trial(str(tmp_path / "t")).framework
+    mask = (framework["kind"] == fmt.KIND_GETNEXT).to_numpy()
+    taken = take_rows(framework, np.flatnonzero(mask))
+    pd.testing.assert_frame_equal(taken, framework[mask], check_exact=True)
+    empty = [name for name in framework.columns if framework[name].isna().all()]
+    assert "iterator_id" in empty  # the reference's events carry none
+    assert all(taken[name].isna().all() for name in empty)
