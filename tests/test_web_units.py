@@ -1128,3 +1128,26 @@ def test_a_running_jobs_place_outlasts_any_age_but_not_its_process(tmp_path):
     finally:
         job.kill()
         job.wait(10)
+
+
+def test_server_processes_of_one_cache_folder_sign_job_handles_alike_even_when_the_store_is_busy(
+        monkeypatch, tmp_path):
+    """Two server processes (gunicorn's workers) of one cache folder: a load's handles signed by
+    one must verify in the other, where the page's next poll may go. Dash looks the secret up at
+    a process's first request and, when the jobs' store does not answer then (a busy SQLite
+    raises diskcache's Timeout), silently signs with a secret of that process alone."""
+    import diskcache
+
+    from dashboard.web.jobs import QueueingManager
+    from dashboard.web.server import ServerOptions, create_app
+
+    def busy(self, generate):
+        raise diskcache.Timeout("database is locked")
+
+    monkeypatch.setattr(QueueingManager, "get_or_create_signing_secret", busy)
+    first = create_app(ServerOptions(cache_dir=str(tmp_path / "cache")))
+    second = create_app(ServerOptions(cache_dir=str(tmp_path / "cache")))
+    other = create_app(ServerOptions(cache_dir=str(tmp_path / "other")))
+    secret = first._get_signing_secret()
+    assert len(secret) >= 32 and second._get_signing_secret() == secret
+    assert other._get_signing_secret() != secret  # a secret per cache folder, not a constant

@@ -14,6 +14,7 @@ import functools
 import ipaddress
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 
 import dash
@@ -196,6 +197,23 @@ def _guard(server: flask.Flask, allowed_hosts: list[str] | None) -> None:
         return response
 
 
+SIGNING_SECRET = "signing-secret"
+
+
+def shared_signing_secret(jobs: ForkSafeCache) -> str:
+    """The secret every server process of one cache folder signs the background jobs' handles
+    with (the page's polls carry them to whichever gunicorn worker they reach), made once and
+    kept in the jobs' store. Dash's own lookup of it, at a process's first request, fell back to
+    a secret of that process alone when the store did not answer at that moment: another
+    worker's polls then found no job and the page stopped loading without a word. Here it is
+    resolved at start, waiting out a busy store."""
+    jobs.add(SIGNING_SECRET, secrets.token_hex(32), retry=True)
+    secret = jobs.get(SIGNING_SECRET, retry=True)
+    if not secret:
+        raise RuntimeError(f"the jobs' store in {jobs.directory} holds no signing secret")
+    return secret
+
+
 def create_app(options: ServerOptions) -> dash.Dash:
     cache_dir = os.path.abspath(os.path.expanduser(options.cache_dir or default_cache_dir()))
     trials = TrialCache(cache_dir, options.cache_size_mb, max_files=options.max_files_limit)
@@ -204,6 +222,7 @@ def create_app(options: ServerOptions) -> dash.Dash:
     app = dash.Dash(__name__, title=TITLE, assets_folder=ASSETS, update_title=None,
                     background_callback_manager=manager,
                     suppress_callback_exceptions=False, on_error=_log_failed_callback)
+    app.server.secret_key = shared_signing_secret(jobs)
     app.server.log_exception = _log_failed_request
     _guard(app.server, options.host_allow_list())
     # Callback requests are small JSON documents; refuse bodies that could only be abuse.
