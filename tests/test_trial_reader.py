@@ -391,7 +391,8 @@ def test_the_frames_columns_are_pyarrows_conversion_of_the_files_tables():
         table = pa.table(columns, schema=FRAMEWORK_ARROW_SCHEMA)
         return pa.Table.from_batches(table.to_batches(max_chunksize=7), FRAMEWORK_ARROW_SCHEMA)
 
-    tables = [framework_table(20, ["b", "a"], True), framework_table(0, ["z"], False),
+    tables = [framework_table(9, ["y"], True).slice(0, 0),  # empty chunks: their dictionaries count
+              framework_table(20, ["b", "a"], True), framework_table(0, ["z"], False),
               framework_table(33, ["c", "a", "d"], False), framework_table(5, ["e"], True)]
     expected = _pyarrows_conversion(list(tables), FRAMEWORK_ARROW_SCHEMA)
     given = list(tables)

@@ -1151,3 +1151,4 @@ def test_server_processes_of_one_cache_folder_sign_job_handles_alike_even_when_t
     secret = first._get_signing_secret()
     assert len(secret) >= 32 and second._get_signing_secret() == secret
     assert other._get_signing_secret() != secret  # a secret per cache folder, not a constant
+    assert os.stat(tmp_path / "cache" / "signing-secret").st_mode & 0o777 == 0o600

@@ -130,10 +130,16 @@ def _columns_of(tables: list[pa.Table], schema: pa.Schema, never_null: tuple[str
     builders = [_ColumnBuilder(field, length, field.name in never_null) for field in schema]
     at = 0
     while tables:
-        for batch in tables.pop(0).to_batches():
-            for builder, chunk in zip(builders, batch.columns):
-                builder.fill(at, chunk)
-            at += batch.num_rows
+        table = tables.pop(0)
+        if not table.schema.equals(schema):  # (what concatenating them checked)
+            raise ValueError(f"a table of another schema than the frame's: {table.schema}")
+        for builder, column in zip(builders, table.columns):
+            offset = at
+            for chunk in column.chunks:  # (empty ones too: their dictionaries are categories)
+                builder.fill(offset, chunk)
+                offset += len(chunk)
+        at += table.num_rows
+        del table, column
     return {builder.name: builder.array() for builder in builders}
 
 
@@ -141,7 +147,7 @@ def missing_column(length: int, dtype) -> pd.api.extensions.ExtensionArray:
     """A nullable column (Int64 or boolean) without a value: zeros from calloc under an all-true
     mask. Its data pages are never written, so they cost no memory (of 21 framework columns,
     up to 10 are empty on most rows' events: the settings, set on initializations only)."""
-    data = np.zeros(length, dtype=np.bool_ if isinstance(dtype, pd.BooleanDtype) else np.int64)
+    data = np.zeros(length, dtype=dtype.numpy_dtype)
     kind = pd.arrays.BooleanArray if isinstance(dtype, pd.BooleanDtype) else pd.arrays.IntegerArray
     return kind(data, np.ones(length, dtype=bool))
 

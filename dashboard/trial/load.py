@@ -751,6 +751,7 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
         raise
     pool.shutdown()
     futures.clear()  # each holds its file's table: framework_frame frees them one by one
+    parsed = keep = future = None  # (the last file's, as well)
     if not report.files_read and all(s.reason.startswith(NOT_A_TRIAL_FILE) for s in report.files_skipped
                                      if s.path in {info.key for info, _, _ in jobs}):
         # Only JSON files that are not traces (a config.json, a metrics dump): not a trial.

@@ -49,7 +49,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allow only these S3 buckets (repeatable; default: any)")
     parser.add_argument("--max-trial-mb", type=limit, default=DEFAULT_MAX_TRIAL_MB, metavar="MB",
                         help=f"refuse to load a trial whose files hold more than this many MB (10^6 bytes), "
-                             f"as listed or once decompressed; a load peaks at about twice that plus 40 MB "
+                             f"as listed or once decompressed; a load peaks at about 1.4 times that plus 35 MB "
                              f"(bench/peak_memory.py) (default {DEFAULT_MAX_TRIAL_MB}; 0: no limit; "
                              f"under gunicorn: DASHBOARD_MAX_TRIAL_MB)")
     parser.add_argument("--max-events", type=limit, default=DEFAULT_MAX_EVENTS, metavar="N",

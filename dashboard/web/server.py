@@ -10,6 +10,7 @@ loaded trials and the background-callback jobs, and the --max-loads places they 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import ipaddress
 import logging
@@ -21,6 +22,7 @@ import dash
 import flask
 
 from ..serving import MAX_REQUEST_BYTES, listening_hosts
+from ..trial.columnar_cache import PRIVATE_FILE
 from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
 from .callbacks import Context, queued_progress, register_callbacks
 from .jobs import QueueingManager
@@ -197,20 +199,33 @@ def _guard(server: flask.Flask, allowed_hosts: list[str] | None) -> None:
         return response
 
 
-SIGNING_SECRET = "signing-secret"
+SIGNING_SECRET_FILE = "signing-secret"
 
 
-def shared_signing_secret(jobs: ForkSafeCache) -> str:
+def shared_signing_secret(cache_dir: str) -> str:
     """The secret every server process of one cache folder signs the background jobs' handles
-    with (the page's polls carry them to whichever gunicorn worker they reach), made once and
-    kept in the jobs' store. Dash's own lookup of it, at a process's first request, fell back to
-    a secret of that process alone when the store did not answer at that moment: another
-    worker's polls then found no job and the page stopped loading without a word. Here it is
-    resolved at start, waiting out a busy store."""
-    jobs.add(SIGNING_SECRET, secrets.token_hex(32), retry=True)
-    secret = jobs.get(SIGNING_SECRET, retry=True)
-    if not secret:
-        raise RuntimeError(f"the jobs' store in {jobs.directory} holds no signing secret")
+    with (the page's polls carry them to whichever gunicorn worker they reach): made once, in a
+    file of the folder (0600) that appears whole or not at all, the first process's secret kept.
+
+    Dash's own lookup, in the jobs' store at a process's first request, fell back to a secret of
+    that process alone when the store did not answer at that moment: a poll reaching another
+    worker then found no job, and the page stopped loading without a word. OSError when the
+    folder cannot hold it."""
+    path = os.path.join(cache_dir, SIGNING_SECRET_FILE)
+    if not os.path.exists(path):
+        temporary = f"{path}.{secrets.token_hex(8)}.tmp"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
+        try:
+            with os.fdopen(descriptor, "w", encoding="ascii") as out:
+                out.write(secrets.token_hex(32))
+            with contextlib.suppress(FileExistsError):  # another process's came first: it is the one
+                os.link(temporary, path)
+        finally:
+            os.remove(temporary)
+    with open(path, encoding="ascii") as found:
+        secret = found.read().strip()
+    if len(secret) < 32:
+        raise OSError(f"{path} is not a signing secret (remove it: the next start makes one)")
     return secret
 
 
@@ -222,7 +237,11 @@ def create_app(options: ServerOptions) -> dash.Dash:
     app = dash.Dash(__name__, title=TITLE, assets_folder=ASSETS, update_title=None,
                     background_callback_manager=manager,
                     suppress_callback_exceptions=False, on_error=_log_failed_callback)
-    app.server.secret_key = shared_signing_secret(jobs)
+    try:
+        app.server.secret_key = shared_signing_secret(cache_dir)
+    except OSError as exc:  # (Dash then signs with a secret of its own, per process)
+        log.warning("the cache folder cannot keep the background jobs' signing secret (%s): with several "
+                    "server processes, a load a poll reaches another process for may stop", exc)
     app.server.log_exception = _log_failed_request
     _guard(app.server, options.host_allow_list())
     # Callback requests are small JSON documents; refuse bodies that could only be abuse.
