@@ -5,6 +5,8 @@ which a test session (S3 server, browsers) is not.
 
     python tests/forked_load.py TRIAL
     python tests/forked_load.py --by-rank TRIAL      (dashboard/by_rank.py's tasks, forked)
+    python tests/forked_load.py --web TRIAL CACHE    (the dashboard's background load: TrialCache.load,
+                                                      with as many processes as cores)
 """
 from __future__ import annotations
 
@@ -47,6 +49,12 @@ def main() -> int:
 
         report = to_dict(analyze_by_rank(sys.argv[2], processes=2))
         print(json.dumps({"forked": forked, "report": report}))
+        return 0
+    if sys.argv[1] == "--web":  # as a background load runs, in a process of its own
+        from dashboard.web.cache import TrialCache
+
+        _, trial, _ = TrialCache(sys.argv[3]).load(sys.argv[2])
+        print(json.dumps({"forked": forked, **kept(trial)}))
         return 0
     trial = load.load_trial(sys.argv[1], processes=2)
     print(json.dumps({"forked": forked, **kept(trial)}))

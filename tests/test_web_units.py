@@ -1152,3 +1152,22 @@ def test_server_processes_of_one_cache_folder_sign_job_handles_alike_even_when_t
     assert len(secret) >= 32 and second._get_signing_secret() == secret
     assert other._get_signing_secret() != secret  # a secret per cache folder, not a constant
     assert os.stat(tmp_path / "cache" / "signing-secret").st_mode & 0o777 == 0o600
+
+
+def test_a_background_load_parses_a_large_local_trial_on_every_core(tmp_path):
+    """A dashboard's load runs in a process of its own (Dash forks one per load), without other
+    threads: its files are parsed in as many forked processes as there are cores, and it keeps
+    exactly what a load in one process keeps. (The threaded server process itself never forks:
+    test_trial_reader's test_a_process_with_other_threads_parses_in_itself_never_forking.)"""
+    from dashboard.trial.load import load_trial
+    from tests.forked_load import kept
+
+    synthetic.write_trial(tmp_path / "trial", epochs=1)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "forked_load.py"), "--web",
+                           str(tmp_path / "trial"), str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    cores = os.cpu_count() or 1
+    assert loaded.pop("forked") == ([cores] if cores > 1 else [])
+    assert loaded == json.loads(json.dumps(kept(load_trial(str(tmp_path / "trial")))))

@@ -457,8 +457,12 @@ class TrialCache:
         key, store, files = listed or self.listing(path, roots=roots, s3_buckets=s3_buckets, on_listed=on_listed)
 
         def read() -> Trial:
+            # processes: a background load runs in a process of its own (Dash forks one per load),
+            # with no other thread: a large local trial's files are parsed on every core there.
+            # In the threaded server process itself, load_trial parses in that process.
             trial = load_trial(path, store=store, files=files, on_progress=on_progress, max_bytes=max_bytes,
-                               max_events=max_events, max_files=self.max_files, file_cache=self.files)
+                               max_events=max_events, max_files=self.max_files, file_cache=self.files,
+                               processes=os.cpu_count())
             if trial.framework.empty and trial.system.empty:
                 reasons = sorted({s.reason for s in trial.report.files_skipped})
                 raise NotATrialError(
