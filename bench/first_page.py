@@ -8,6 +8,8 @@ background job, polled every 0.1 s), the panels, the first window (the whole job
 Times are the server's answers as the client sees them on loopback; RSS is the server
 process's after the page. The trial is bench/diagnosis.py's 3M-GetNext one unless --size says.
 Target (issue "Trials of any size"): the first page of a warm 3M trial in <= 2 s of server time.
+Then a drag over the middle third of the job, with the server's RSS after it: the first step that
+reads the trial's events back.
 
     python3 bench/first_page.py [--runs 3] [--size 3000000]
 """
@@ -33,8 +35,9 @@ from tests.dash_http import DashSession  # noqa: E402
 STEPS = ("load", "panels", "window", "ranks")
 
 
-def first_page(url: str, trial: str) -> dict:
-    """Seconds of each step of one page's first view of `trial`."""
+def first_page(url: str, trial: str, rss_mb) -> dict:
+    """Seconds of each step of one page's first view of `trial`, then of a drag; rss_mb(): the
+    server's RSS, read after the first page."""
     page = DashSession(url, timeout=900).open()
     times = {}
     started = time.perf_counter()
@@ -65,6 +68,18 @@ def first_page(url: str, trial: str) -> dict:
     assert result.status == 200, result.text[:300]
     times["ranks"] = time.perf_counter() - started
     times["all"] = sum(times[step] for step in STEPS)
+    times["rss_mb"] = rss_mb()
+    # Then a drag over the middle third of the job: the first step that needs the trial's events
+    # (a warm server reads the trial back for it), not part of the first page.
+    third = (window["end_us"] - window["start_us"]) // 3
+    dragged = dict(window, start_us=window["start_us"] + third, end_us=window["end_us"] - third)
+    started = time.perf_counter()
+    result = page.call(page.find("window-graph.figure"),
+                       {"window-store.data": dragged, "select-events.value": ".*",
+                        "select-dimensions.value": ".*", "node-select.value": "",
+                        "what-if-loader.value": "", "trial-store.data": store}, ["window-store.data"])
+    assert result.status == 200 and not result.values.get("window-error.children"), result.text[:300]
+    times["drag"] = time.perf_counter() - started
     return times
 
 
@@ -75,8 +90,8 @@ def one_server(work: str, cache: str, trial: str, name: str) -> dict:
                        os.path.dirname(trial), "--max-trial-mb", "100000", env=server_env(pathlib.Path(work)))
     server.wait_ready()
     try:
-        times = first_page(server.url, trial)
-        times["rss_mb"] = psutil.Process(server.process.pid).memory_info().rss / 2**20
+        times = first_page(server.url, trial, lambda: psutil.Process(server.process.pid).memory_info().rss / 2**20)
+        times["rss_after_drag_mb"] = psutil.Process(server.process.pid).memory_info().rss / 2**20
         return times
     finally:
         server.stop()
@@ -96,11 +111,14 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"trial {os.path.relpath(trial, ROOT)}")
-    print("cold: " + ", ".join(f"{k} {v:.2f} s" for k, v in cold.items() if k != "rss_mb")
-          + f"; server RSS {cold['rss_mb']:.0f} MB")
+    print("cold: " + ", ".join(f"{k} {cold[k]:.2f} s" for k in (*STEPS, "all"))
+          + f"; server RSS {cold['rss_mb']:.0f} MB; then a drag {cold['drag']:.2f} s, "
+          f"RSS {cold['rss_after_drag_mb']:.0f} MB")
     for key in (*STEPS, "all"):
         print(f"warm {key}: {spread([w[key] for w in warm], 2)} s")
     print(f"warm server RSS: {spread([w['rss_mb'] for w in warm], 0)} MB")
+    print(f"warm, then a drag over the middle third: {spread([w['drag'] for w in warm], 2)} s, "
+          f"server RSS after it {spread([w['rss_after_drag_mb'] for w in warm], 0)} MB")
     return 0
 
 

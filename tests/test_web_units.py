@@ -1171,3 +1171,27 @@ def test_a_background_load_parses_a_large_local_trial_on_every_core(tmp_path):
     cores = os.cpu_count() or 1
     assert loaded.pop("forked") == ([cores] if cores > 1 else [])
     assert loaded == json.loads(json.dumps(kept(load_trial(str(tmp_path / "trial")))))
+
+
+def test_the_cache_pickles_columns_without_a_value_as_their_length(tmp_path):
+    """A trial read back from the web cache equals the trial; its columns without a value
+    (most settings columns of most events) cost no bytes in the pickle, and the others
+    (partly missing, or full) are kept as they are."""
+    import pickle
+
+    from dashboard.trial.load import load_trial
+    from dashboard.web.cache import compact_pickle
+
+    synthetic.write_trial(tmp_path / "trial", epochs=2)
+    trial = load_trial(str(tmp_path / "trial"))
+    framework = trial.framework
+    empty = [name for name in framework.columns if framework[name].isna().all()]
+    partly = [name for name in framework.columns if 0 < framework[name].isna().sum() < len(framework)]
+    assert len(empty) >= 5 and partly  # (the reference's events: settings only on inits)
+    compact, plain = compact_pickle(trial, pickle.HIGHEST_PROTOCOL), pickle.dumps(trial, pickle.HIGHEST_PROTOCOL)
+    back = pickle.loads(compact)
+    pd.testing.assert_frame_equal(back.framework, framework, check_exact=True)
+    pd.testing.assert_frame_equal(back.system, trial.system, check_exact=True)
+    assert back.report == trial.report
+    # Each empty Int64/boolean column held 9 or 2 bytes a row in the plain pickle.
+    assert len(plain) - len(compact) >= len(empty) * 2 * len(framework)

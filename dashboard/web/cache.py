@@ -23,9 +23,11 @@ it is private to the server's user. Its folders are made (or made again) 0700 an
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import errno
 import hashlib
 import importlib.metadata
+import io
 import logging
 import os
 import pathlib
@@ -41,13 +43,14 @@ from collections import OrderedDict
 from typing import Callable, Sequence
 
 import diskcache
+import pandas as pd
 
 from ..analysis import dataloader, diagnosis
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
 from ..trial.columnar_cache import PRIVATE_FILE, ColumnarFileCache, make_private_folder
 from ..trial.errors import NotATrialError
 from ..trial.load import Trial, load_trial
-from ..trial.frames import FRAMEWORK_COLUMNS, SYSTEM_COLUMNS
+from ..trial.frames import FRAMEWORK_COLUMNS, SYSTEM_COLUMNS, missing_column
 from ..trial.store import fingerprint, open_store
 
 TRIALS_FOLDER = "trials"
@@ -134,6 +137,25 @@ def _mb(nbytes: int) -> str:
     return f"{nbytes / 1e6:,.1f} MB"
 
 
+def compact_pickle(value, protocol: int) -> bytes:
+    """pickle.dumps, with each column without a value (an all-missing Int64 or boolean array)
+    pickled as its length and type: unpickled, it is a missing_column, whose pages cost nothing
+    until written. A 3M-GetNext trial has ten such columns of 6M rows (430 MB read back and held
+    by every server process that draws from it), its GetNext events and calls frames more."""
+    def reduce(array):
+        if len(array) and bool(array.isna().all()):
+            return missing_column, (len(array), array.dtype)
+        return array.__reduce_ex__(protocol)
+
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=protocol)
+    pickler.dispatch_table = copyreg.dispatch_table.copy()
+    for kind in (pd.arrays.IntegerArray, pd.arrays.BooleanArray):
+        pickler.dispatch_table[kind] = reduce
+    pickler.dump(value)
+    return out.getvalue()
+
+
 class _PrivateDisk(diskcache.Disk):
     """Writes each large value's file 0600 (diskcache leaves it to the umask: 0644), and only where
     the disk keeps its reserve free after it (CacheFullError); a write that fails half-way leaves
@@ -146,7 +168,7 @@ class _PrivateDisk(diskcache.Disk):
                 os.chmod(os.path.join(self._directory, filename), PRIVATE_FILE)
             return size, mode, filename, db_value
         # diskcache's way of a pickled value, with the room checked before the file is written
-        result = pickle.dumps(value, protocol=self.pickle_protocol)
+        result = compact_pickle(value, self.pickle_protocol)
         if len(result) < self.min_file_size:
             return 0, diskcache.core.MODE_PICKLE, None, sqlite3.Binary(result)
         usage = shutil.disk_usage(self._directory)
