@@ -1195,3 +1195,26 @@ def test_the_cache_pickles_columns_without_a_value_as_their_length(tmp_path):
     assert back.report == trial.report
     # Each empty Int64/boolean column held 9 or 2 bytes a row in the plain pickle.
     assert len(plain) - len(compact) >= len(empty) * 2 * len(framework)
+
+
+def test_a_new_server_processes_first_drag_reads_the_loaders_batches_from_the_disk(tmp_path, monkeypatch):
+    """The batches a window draws for the loader (every batch of it, computed from the trial's
+    events) are kept on the cache's disk: another server process's drag draws the same window
+    from them, without computing them again."""
+    from dashboard.analysis import per_batch
+    from dashboard.web.callbacks import Context, draw_window
+
+    synthetic.write_trial(tmp_path / "trial", epochs=2)
+    first = Context(cache=TrialCache(str(tmp_path / "cache")), default_trial="", roots=[str(tmp_path)])
+    key, trial, _ = first.cache.load(str(tmp_path / "trial"))
+    third = (trial.end_us - trial.start_us) // 3
+    window = (trial.start_us + third, trial.end_us - third)
+    drawn = draw_window(first, key, None, *window, ".*", ".*", None, None)
+    assert drawn["window_figure"]["data"]  # (the batches among them: the figure's own tests)
+
+    def recomputed(*args, **kwargs):
+        raise AssertionError("the loader's batches computed again")
+
+    monkeypatch.setattr(per_batch, "loader_batches", recomputed)
+    second = Context(cache=TrialCache(str(tmp_path / "cache")), default_trial="", roots=[str(tmp_path)])
+    assert draw_window(second, key, None, *window, ".*", ".*", None, None) == drawn

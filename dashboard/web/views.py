@@ -203,17 +203,22 @@ def selected_loader(view: TrialView, loader: str | None) -> dict | None:
     return chosen[0] if chosen else max(rows, key=lambda row: row["wait_s"])
 
 
-def batch_bars(view: TrialView, loader: str | None, start_us: int, end_us: int) -> figures.BatchBars | None:
-    """The selected loader's wait against compute inside the window, as the figure draws it."""
-    row = selected_loader(view, loader)
-    if row is None:
-        return None
+def loader_batches_of(view: TrialView, row: dict) -> per_batch.LoaderBatches:
+    """Every batch of the loader of a budget row (selected_loader), computed once per view."""
     key = row["key"]
     if key not in view.loader_batches:
         view.loader_batches[key] = per_batch.loader_batches(view.trial.framework, iterator=row["iterator"],
                                                             process=row["process"], node=None if row["process"]
                                                             else row["node"])
-    shown = per_batch.buckets(view.loader_batches[key], start_us, end_us, MAX_BATCH_BARS)
+    return view.loader_batches[key]
+
+
+def batch_bars(view: TrialView, loader: str | None, start_us: int, end_us: int) -> figures.BatchBars | None:
+    """The selected loader's wait against compute inside the window, as the figure draws it."""
+    row = selected_loader(view, loader)
+    if row is None:
+        return None
+    shown = per_batch.buckets(loader_batches_of(view, row), start_us, end_us, MAX_BATCH_BARS)
     return figures.BatchBars(row["label"], shown.start_us, shown.end_us, shown.wait_us, shown.compute_us,
                              shown.batches, shown.first)
 
