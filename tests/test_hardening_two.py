@@ -393,14 +393,15 @@ print(json.dumps({"loads": out, "again": None if again is None else
 
 
 def test_a_cache_on_a_small_disk_culls_for_room_and_serves_what_it_cannot_keep(small_disks, tmp_path):
-    """A 32 MiB disk, 16 MiB of it kept free for the job store: trial A (9.2 MB pickled) is kept;
+    """A 32 MiB disk, 16 MiB of it kept free for the job store: trial A (9.4 MB pickled; its empty
+    columns take no room, web/cache.compact_pickle) is kept;
     B, as large, is kept by culling A (the cache's size limit, 2 GB, never would); C (20 MB) does
     not fit at all: it is loaded all the same, not kept, with the reason, and another process
     reads it again. Before, B's and C's loads failed ("database or disk is full", or ENOSPC) and
     the disk stayed full. (Sizes leave 5 MB either way for SQLite's own pages.)"""
     data = tmp_path / "data"
     written = {name: write_trial(str(data / name), epochs=epochs, train_batches=batches)
-               for name, epochs, batches in (("a", 9, 4000), ("b", 9, 4000), ("c", 16, 5000))}
+               for name, epochs, batches in (("a", 17, 4000), ("b", 17, 4000), ("c", 29, 5000))}
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir()
     done = subprocess.run(in_tmpfs(32, str(cache_dir), [sys.executable, "-c", FILLING, ROOT, str(cache_dir),

@@ -30,9 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-# scipy.special's binomial tail, not scipy.stats.binom: the same function, and importing
-# scipy.stats cost 0.54 s of every `analyze` process (scipy.special: 0.13 s).
-from scipy.special import bdtrc
 
 from .loaders import Loader, ProcessTraining, merge
 from .pipeline import READY_SLACK_US, PipelineModel
@@ -137,6 +134,11 @@ def _slow_worker(model: PipelineModel, base: np.ndarray, tail_mask: np.ndarray) 
     # Tail batches piling up on one worker.
     stalls = worker[tail_mask]
     if len(stalls) >= MIN_TAIL_FOR_TEST:
+        # scipy.special's binomial tail, not scipy.stats.binom: the same function, and importing
+        # scipy.stats cost 0.54 s of every `analyze` process (scipy.special 0.13-0.18 s, imported
+        # here: only a loader with a long enough tail of stalls tests it).
+        from scipy.special import bdtrc
+
         counts = np.bincount(stalls[stalls >= 0], minlength=workers)
         k = int(np.argmax(counts))
         p_value = float(min(1.0, workers * bdtrc(counts[k] - 1, len(stalls), 1.0 / workers)))
