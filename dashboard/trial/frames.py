@@ -146,7 +146,7 @@ def _columns_of(tables: list[pa.Table], schema: pa.Schema, never_null: tuple[str
 def missing_column(length: int, dtype) -> pd.api.extensions.ExtensionArray:
     """A nullable column (Int64 or boolean) without a value: zeros from calloc under an all-true
     mask. Its data pages are never written, so they cost no memory (of 21 framework columns,
-    up to 10 are empty on most rows' events: the settings, set on initializations only)."""
+    8 are empty on a reference trial's events: settings and measures this project's collector adds)."""
     data = np.zeros(length, dtype=dtype.numpy_dtype)
     kind = pd.arrays.BooleanArray if isinstance(dtype, pd.BooleanDtype) else pd.arrays.IntegerArray
     return kind(data, np.ones(length, dtype=bool))

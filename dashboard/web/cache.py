@@ -140,8 +140,8 @@ def _mb(nbytes: int) -> str:
 def compact_pickle(value, protocol: int) -> bytes:
     """pickle.dumps, with each column without a value (an all-missing Int64 or boolean array)
     pickled as its length and type: unpickled, it is a missing_column, whose pages cost nothing
-    until written. A 3M-GetNext trial has ten such columns of 6M rows (430 MB read back and held
-    by every server process that draws from it), its GetNext events and calls frames more."""
+    until written. A 3M-GetNext trial has eight such columns of 6M rows (370 MB of its pickle, read back
+    and held by every server process that draws from it), its GetNext events and calls frames more."""
     def reduce(array):
         if len(array) and bool(array.isna().all()):
             return missing_column, (len(array), array.dtype)
