@@ -81,7 +81,10 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
         if not ctx.worth(part):
             return []
         chosen, _ = _search(ctx, 0)
-        if chosen is None:
+        # As for more workers: a change worth naming saves a share of the job, not only the
+        # waiting it stands on (a clean Kineto run under two `yes`: 40 ms of waiting, 25 ms saved
+        # of 1.7 s).
+        if chosen is None or not ctx.worth(chosen.saving_s):
             return []
         suggested = chosen.change["num_workers"]
         text = (f"{loader.label} on {ctx.process.label} loads its batches in the training process: "
