@@ -58,8 +58,8 @@ COLUMNS_FOLDER = "columns"  # parsed files (dashboard/trial/columnar_cache.py)
 JOBS_FOLDER = "jobs"
 PAGE_PART = "page:"  # the names of drawn parts of pages (page_part)
 VERSIONED_PACKAGES = ("numpy", "pandas", "pyarrow", "scipy", "plotly", "dash", "msgspec")
-MEMORY_ITEMS = 16
-MARK_USED_EVERY_S = 60.0  # the culling's order needs no finer clock than this  # trials, analyses, views and panels of the last few trials
+MEMORY_ITEMS = 16  # trials, analyses, views and panels of the last few trials
+MARK_USED_EVERY_S = 60.0  # the culling's order needs no finer clock than this
 # A process that died without a word (killed) while loading holds the trial no longer than
 # this; a holder gone from this host is noticed at once.
 LOCK_EXPIRE_S = 600
