@@ -177,7 +177,8 @@ def verdict_text(verdict) -> str:
 
 
 PART_WORDS = {"startup": "start-up", "throughput": "throughput", "imbalance": "slow worker",
-              "tail": "slow samples", "main_process": "in the main process", "residual": "unexplained"}
+              "tail": "slow samples", "main_process": "in the main process",
+              "contention": "host contention", "residual": "unexplained"}
 BOUND_WORDS = {"latency": "workers wait (latency-bound)", "cpu": "workers compute (CPU-bound)",
                "unknown": "what bounds the workers is not recorded"}
 

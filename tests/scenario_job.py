@@ -16,7 +16,11 @@ trial against the books this script keeps from inside its own training loop:
   shutdown in the last `next()`, is outside);
 - steps_s, epoch_books: each step's compute, and per epoch its wait, training time and
   last step (the trial has no step events: where a reader cannot see the epoch's end, the
-  last step is what the books have and the trial does not).
+  last step is what the books have and the trial does not);
+- handovers_s: per batch, the part of its wait after its worker had finished it: the batch
+  carries the moment its collation ended (perf_counter, CLOCK_MONOTONIC: one clock for every
+  process of the host), and the hand-over is from then, or from the ask if later, to
+  next()'s return.
 
 The faults, planted in the Dataset, deterministic (by index, by worker id), each with its
 planted DataLoader settings (every setting can be changed from the command line: the fix):
@@ -35,6 +39,8 @@ planted DataLoader settings (every setting can be changed from the command line:
 - pairing: two alike workers in lock-step (equal sleep per sample), the main process faster
   than the workers, not persistent: the waits fall on the batch first in line each round
   (worker 0's, unless the machine's load shifts the phase), although neither is slower.
+- contention: the clean job on a host that other processes keep busy (`--hogs` of them, each
+  a busy loop for the whole run): finished batches wait for a core to be handed over.
 
 The compute is real: an MLP (256 -> 1536 -> 1536 -> 10) trained with SGD, one thread,
 about 4-6 ms per batch of 16 on a quiet core of the 2-core CI machine (2-3x that with both
@@ -47,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -57,7 +64,7 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, get_worker_info  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info  # noqa: E402
 
 from dashboard.collector import profile_dataloaders  # noqa: E402
 
@@ -80,6 +87,8 @@ CLASSES = 10
 #   clean: ~2 ms per batch on 2 workers against ~11 ms of compute (hidden=2560): the only wait
 #     is the delivery cost every batch pays (~1.1 ms: unpickling, shared-memory tensors).
 #   pairing: 2 alike workers, ~100 ms per batch each, ~5 ms of compute, rebuilt every epoch.
+#   contention: clean's job with 2 busy processes beside it: on 2 cores a finished batch waited
+#     6-8 ms to be handed over (1 ms quiet) and the job's wait grew from ~0.2 s to ~1 s.
 FAULTS = {
     "latency": dict(num_workers=2, persistent=True, epochs=2, batches=60, sleep_ms=4.0),
     "cpu": dict(num_workers=2, persistent=True, epochs=2, batches=60, spin=40_000),
@@ -88,9 +97,10 @@ FAULTS = {
     "startup": dict(num_workers=2, persistent=False, epochs=8, batches=12, sleep_ms=0.1, open_index_s=0.4),
     "clean": dict(num_workers=2, persistent=True, epochs=2, batches=80, sleep_ms=0.1, hidden=2560),
     "pairing": dict(num_workers=2, persistent=False, epochs=3, batches=24, sleep_ms=6.0),
+    "contention": dict(num_workers=2, persistent=True, epochs=2, batches=80, sleep_ms=0.1, hidden=2560, hogs=2),
 }
 COMMON = dict(batch_size=16, prefetch_factor=2, in_order=True, hidden=1536, sleep_ms=0.0, spin=0,
-              slow_worker_id=-1, slow_factor=1.0, open_index_s=0.0)
+              slow_worker_id=-1, slow_factor=1.0, open_index_s=0.0, hogs=0)
 
 
 def _spin(iterations: int) -> int:
@@ -98,6 +108,11 @@ def _spin(iterations: int) -> int:
     for i in range(iterations):
         acc = (acc + i * i) % 1_000_003
     return acc
+
+
+def stamped_collate(samples):
+    """The default collation, and the moment it ended (the books' hand-over starts there)."""
+    return (*default_collate(samples), time.perf_counter())
 
 
 class ScenarioSamples(Dataset):
@@ -164,26 +179,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--slow-worker-id", type=int)
     parser.add_argument("--slow-factor", type=float)
     parser.add_argument("--open-index-s", type=float)
+    parser.add_argument("--hogs", type=int, help="busy processes beside the job, for the whole run")
     args = parser.parse_args(argv)
     planted = {**COMMON, **FAULTS[args.fault]}
     for key, value in planted.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.num_workers < 0 or args.epochs < 1 or args.batches < 1 or args.batch_size < 1:
-        parser.error("num_workers >= 0, epochs, batches and batch size >= 1")
+    if args.num_workers < 0 or args.epochs < 1 or args.batches < 1 or args.batch_size < 1 or args.hogs < 0:
+        parser.error("num_workers, hogs >= 0; epochs, batches and batch size >= 1")
     return args
 
 
 def settings_of(args) -> dict:
     keys = ["num_workers", "prefetch_factor", "in_order", "persistent", "epochs", "batches", "batch_size",
-            "hidden", "sleep_ms", "spin", "slow_worker_id", "slow_factor", "open_index_s"]
+            "hidden", "sleep_ms", "spin", "slow_worker_id", "slow_factor", "open_index_s", "hogs"]
     return {"fault": args.fault, **{key: getattr(args, key) for key in keys}}
 
 
 def build_loader(args) -> DataLoader:
     dataset = ScenarioSamples(args.batches * args.batch_size, args.sleep_ms, args.spin, args.slow_worker_id,
                               args.slow_factor, args.open_index_s)
-    options = dict(batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers)
+    options = dict(batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers,
+                   collate_fn=stamped_collate)
     if args.num_workers:
         options.update(multiprocessing_context="fork", prefetch_factor=args.prefetch_factor,
                        persistent_workers=args.persistent, in_order=args.in_order)
@@ -197,7 +214,7 @@ def train(args) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = build_loader(args)
     clock = time.perf_counter
-    waits, steps, epochs = [], [], []
+    waits, handovers, steps, epochs = [], [], [], []
     for _ in range(args.epochs):
         it = iter(loader)
         first_start = last_end = None
@@ -205,11 +222,12 @@ def train(args) -> dict:
         while True:
             start = clock()
             try:
-                features, labels = next(it)
+                features, labels, collated = next(it)
             except StopIteration:
                 break
             got = clock()
             epoch_waits.append(got - start)
+            handovers.append(max(got - max(start, collated), 0.0))
             if first_start is None:
                 first_start = start
             optimizer.zero_grad()
@@ -229,7 +247,7 @@ def train(args) -> dict:
         epochs.append({"batches": len(epoch_waits), "wait_s": sum(epoch_waits),
                        "training_s": (last_end - first_start) if first_start is not None else 0.0,
                        "last_step_s": last_step})
-    return {"waits_s": waits, "wait_s": sum(waits), "training_s": sum(e["training_s"] for e in epochs),
+    return {"waits_s": waits, "handovers_s": handovers, "wait_s": sum(waits), "training_s": sum(e["training_s"] for e in epochs),
             "epochs": args.epochs, "batches": len(waits), "steps_s": steps, "compute_s": sum(steps),
             "epoch_books": epochs}
 
@@ -240,8 +258,14 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     torch.set_num_threads(1)
     started = time.perf_counter()
-    with profile_dataloaders(args.out, worker_fetch=True, system_interval_s=0.2):
-        books = train(args)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    try:
+        with profile_dataloaders(args.out, worker_fetch=True, system_interval_s=0.2):
+            books = train(args)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
     books["settings"] = settings_of(args)
     books["wall_s"] = time.perf_counter() - started
     with open(args.books, "w") as handle:

@@ -27,6 +27,7 @@ books, wait_s / training_s, n runs each way, in the configuration of tests/scena
                loaded  8  0.67 [0.51..1.30] / 4.03 [3.48..6.63]
   pairing      quiet   8  3.17 [3.04..3.24] / 3.63 [3.59..3.88]
                loaded  6  2.93 [2.82..3.25] / 4.15 [3.83..4.60]
+  contention   quiet   3  0.72 [0.69..0.79] / 5.75 [5.64..6.71]  0.33 [0.31..0.34] / 3.26 [3.15..3.36]  no busy processes
 
 With both cores busy the compute per batch is 2-3x slower while the sleeps are not, so the
 sleep-based faults shrink against it, and more processes win a larger share of the cores
@@ -52,7 +53,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.torch
 
 JOB = os.path.join(ROOT, "tests", "scenario_job.py")
-PARTS = {"startup", "throughput", "imbalance", "tail", "main_process", "residual"}
+PARTS = {"startup", "throughput", "imbalance", "tail", "main_process", "contention", "residual"}
 # The DataLoader settings a finding may change, and the job's switch for each.
 SWITCHES = {"num_workers": "--num-workers", "prefetch_factor": "--prefetch-factor",
             "in_order": "--in-order", "persistent_workers": "--persistent"}
@@ -161,9 +162,33 @@ PROBE_EVERY_S = 0.01
 STEADY_OTHERS = 0.5
 STEADY_ATTEMPTS = 3
 
+# Other processes on the host: the planted cause is what a job waits for only while the books say
+# so. When they keep the cores busy, finished batches wait to be handed over whatever the fault
+# (budget._contention), and the books see it: the part of each next() after the batch's collation
+# ended (scenario_job's handovers_s). With six `yes` running, the latency job's books put 0.85-0.98
+# of its steady wait there (quiet 0.05, two `yes` 0.31, four 0.52-0.58), raising its workers from 2
+# to 4 or 8 left its wait as it was (1.7-2.2 s against 1.7-2.4 s, 2 runs each), and the diagnosis
+# named host contention, not more workers. (A suite run with two `yes` and other tests' leftovers
+# once got no finding at all for that run, before host contention was a part of the budget.) Where
+# more than half of the steady wait was hand-over on a host with other load, host contention is the
+# expected finding in the planted cause's place, and the planted cause's fix is not re-run: the test
+# cannot take the host's other load away.
+HANDOVER_DISPLACES = 0.5
+# The contention part is hand-over (it cannot exceed the books' own, but for the books' window
+# around next() being the wider one: 7-13 us a batch measured) and most of it on the contention
+# job: 0.60-0.70 of the books' steady hand-over in 8 quiet runs. 0.4 leaves room.
+CONTENTION_OF_HANDOVER_MIN = 0.4
+# Host contention's saving vs the waiting that removing the other processes removed (relative):
+# quiet, 8 pairs of the contention job with and without its two busy processes: the saving was
+# 0.94-1.23x the waiting removed (budget.UNCONTENDED_HANDOVER_QUANTILE); the clean job with two
+# `yes` against it quiet, 0.80x. 0.35 is 1.5x the worst; a part that counted the whole hand-over
+# beyond delivery itself (1.2-1.3x the removed on those pairs, 1.6-1.9x for all of it) meets it
+# only in part, and one that counted nothing fails.
+CONTENTION_SAVING_TOLERANCE = 0.35
+
 # Findings per scenario: the one its planted cause must produce, and ones that would be wrong.
 EXPECTED = {"latency": "more_workers", "cpu": "cpu_saturated", "slow_worker": "slow_worker",
-            "startup": "persistent_workers"}
+            "startup": "persistent_workers", "contention": "host_contention"}
 WRONG = {
     # latency: storage-like sleeps, alike workers, persistent: not a slow worker, not the CPU, not start-up.
     "latency": {"slow_worker", "cpu_saturated", "persistent_workers", "use_workers"},
@@ -173,11 +198,14 @@ WRONG = {
     "slow_worker": {"cpu_saturated", "persistent_workers", "use_workers"},
     # startup: alike fast workers; the steady wait is the per-batch delivery cost only.
     "startup": {"slow_worker", "more_workers", "cpu_saturated", "use_workers"},
+    # contention: fast workers (clean's) on a host other processes keep busy: no DataLoader fault.
+    "contention": {"more_workers", "cpu_saturated", "slow_worker", "slow_samples", "persistent_workers",
+                   "use_workers", "storage_bound"},
 }
 # The largest part of the wait budget for each planted cause, and its bound where it has one.
 LARGEST_PART = {"latency": ("throughput", "latency"), "cpu": ("throughput", "cpu"),
-                "slow_worker": ("imbalance", None), "startup": ("startup", None)}
-SCENARIOS = ["latency", "cpu", "slow_worker", "startup", "clean", "pairing"]
+                "slow_worker": ("imbalance", None), "startup": ("startup", None), "contention": ("contention", None)}
+SCENARIOS = ["latency", "cpu", "slow_worker", "startup", "clean", "pairing", "contention"]
 
 
 # --- running the job ---------------------------------------------------------------------------
@@ -226,6 +254,27 @@ class Run:
     @property
     def wait_fraction(self) -> float:
         return self.books["wait_s"] / self.books["training_s"]
+
+
+def steady_books(run: Run) -> tuple[float, float]:
+    """The books' steady wait (each epoch's batches after its first round) and, of it, the
+    hand-over of batches their workers had finished."""
+    settings = run.books["settings"]
+    first_round = max(settings["num_workers"], 1)
+    steady = [i % settings["batches"] >= first_round for i in range(run.books["batches"])]
+    waits = sum(w for w, keep in zip(run.books["waits_s"], steady) if keep)
+    return waits, sum(h for h, keep in zip(run.books["handovers_s"], steady) if keep)
+
+
+def host_was_loaded(run: Run) -> bool:
+    return max(run.others) > STEADY_OTHERS
+
+
+def displaced(run: Run) -> bool:
+    """Whether the host's other load, not the planted cause, is what the job mostly waited
+    for (see HANDOVER_DISPLACES)."""
+    waits, handovers = steady_books(run)
+    return host_was_loaded(run) and handovers > HANDOVER_DISPLACES * waits
 
 
 def wait_tolerance_s(run: Run) -> float:
@@ -346,9 +395,17 @@ def test_verdict_and_budget_agree_with_the_books(jobs, fault):
 
 @pytest.mark.parametrize("fault", sorted(LARGEST_PART))
 def test_the_largest_part_of_the_budget_is_the_planted_cause(jobs, fault):
-    budget = only_budget(jobs.planted(fault))
-    part, bound = LARGEST_PART[fault]
+    run = jobs.planted(fault)
+    budget = only_budget(run)
     largest = max(budget.parts, key=budget.parts.get)
+    if displaced(run):
+        # Hand-over is the contention part beyond an uncontended one, the rest delivery
+        # (throughput's); on a saturated host the uncontended one read from the batches holds
+        # some queueing too (budget.UNCONTENDED_HANDOVER_QUANTILE): with four `yes` the latency
+        # job's contention and throughput parts were 0.55-0.6 s and 0.65-0.9 s.
+        assert largest in ("contention", "throughput"), (budget.parts, steady_books(run))
+        return
+    part, bound = LARGEST_PART[fault]
     assert largest == part, budget.parts
     if bound is not None:
         assert budget.bound == bound, (budget.bound, budget.parts)
@@ -360,7 +417,7 @@ def test_the_largest_part_of_the_budget_is_the_planted_cause(jobs, fault):
 def test_the_planted_cause_is_found_and_no_wrong_cause(jobs, fault):
     run = jobs.planted(fault)
     found = ids(run.result)
-    assert EXPECTED[fault] in found, found
+    assert (EXPECTED[fault] if not displaced(run) else "host_contention") in found, (found, steady_books(run))
     assert not WRONG[fault] & set(found), found
     if run.books["settings"]["persistent"]:
         assert "persistent_workers" not in found
@@ -369,8 +426,33 @@ def test_the_planted_cause_is_found_and_no_wrong_cause(jobs, fault):
 
 
 def test_a_clean_job_gets_no_findings(jobs):
-    result = jobs.planted("clean").result
-    assert result.recommendations == [], [(r.id, r.text) for r in result.recommendations]
+    run = jobs.planted("clean")
+    found = [(r.id, r.text) for r in run.result.recommendations]
+    if host_was_loaded(run):  # the host's other processes: no fault of its DataLoader
+        assert {rid for rid, _ in found} <= {"host_contention"}, found
+    else:
+        assert found == [], (found, run.others)
+
+
+def test_host_contention_is_the_hand_over_that_the_other_processes_cost(jobs):
+    def without_them(planted):
+        return None, ("--hogs", "0")
+
+    planted, fixed = jobs.steady("contention", without_them)
+    named = finding(planted.result, "host_contention")
+    part = only_budget(planted).parts["contention"]
+    _, handovers = steady_books(planted)
+    assert CONTENTION_OF_HANDOVER_MIN * handovers <= part <= handovers + wait_tolerance_s(planted), (part, handovers)
+    assert named.saving_s == pytest.approx(part, abs=1e-3) and named.change is None, named
+    removed = planted.books["wait_s"] - fixed.books["wait_s"]
+    assert removed > 0, (planted.books["wait_s"], fixed.books["wait_s"])
+    if host_was_loaded(planted):
+        # The host's other load stays for the re-run, and with it part of the contention: the
+        # saving, which is that of all other processes, is not what removing the job's two is.
+        pytest.skip(f"the host had other load ({planted.others} runnable tasks besides the test's): the "
+                    "saving of removing all of it cannot be measured by removing the job's own two")
+    assert named.saving_s == pytest.approx(removed, rel=CONTENTION_SAVING_TOLERANCE), (named.saving_s, removed)
+    assert "host_contention" not in ids(fixed.result), ids(fixed.result)
 
 
 def test_alike_workers_in_lock_step_are_not_a_slow_worker(jobs):
@@ -392,6 +474,9 @@ def test_alike_workers_in_lock_step_are_not_a_slow_worker(jobs):
 
 @pytest.mark.parametrize("fault", ["latency", "slow_worker", "startup"])
 def test_the_fix_does_what_its_finding_predicts(jobs, fault):
+    if displaced(jobs.planted(fault)):
+        pytest.skip(f"{fault}: most of the steady wait was finished batches' hand-over on a loaded host "
+                    f"(books: {steady_books(jobs.planted(fault))}); the planted cause's fix is not what it waits for")
     planted, fixed = jobs.steady(fault, lambda planted: (finding(planted.result, EXPECTED[fault]).change, ()))
     recommendation = finding(planted.result, EXPECTED[fault])
     change, predicted = recommendation.change, recommendation.predicted

@@ -438,7 +438,7 @@ def test_cli_json_and_text_lead_with_verdict_and_findings(tmp_path):
     assert set(item) == {"id", "text", "evidence", "saving_s", "change", "predicted"}
     assert item["id"] == "cpu_saturated" and item["change"] is None
     [budget] = data["budget"]
-    assert set(budget["parts"]) == {"startup", "throughput", "imbalance", "tail", "main_process", "residual"}
+    assert set(budget["parts"]) == {"startup", "throughput", "imbalance", "tail", "main_process", "contention", "residual"}
     assert sum(budget["parts"].values()) == pytest.approx(budget["wait_s"], abs=1e-6)
     assert data["not_recorded"] == [] and data["initialization"]["count"] == 1
     text = to_text(dashboard.analyze(str(tmp_path)))

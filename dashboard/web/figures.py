@@ -813,7 +813,7 @@ def batchtime_figure_spec(batch: BatchTimeResult) -> dict:
 # which readers with any common colour-vision deficiency tell apart. "residual" (what the
 # model does not explain) is a hatched grey: shown, never hidden, and not mistaken for a cause.
 PART_COLORS = {"startup": "#E69F00", "throughput": "#0072B2", "imbalance": "#CC79A7", "tail": "#D55E00",
-               "main_process": "#009E73", "residual": "#8C8C8C"}
+               "main_process": "#009E73", "contention": "#F0E442", "residual": "#8C8C8C"}
 PART_PATTERNS = {"residual": "/"}
 NOT_WAITING = "not waiting (computing)"
 NOT_WAITING_COLOR = "#E5E7EB"

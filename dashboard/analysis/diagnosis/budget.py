@@ -12,6 +12,13 @@ Parts, per training loader (they add up to its measured wait, by construction):
   stays in throughput);
 - imbalance: a slow worker under in-order delivery: the steady wait on its batches
   beyond what the other workers' batches wait;
+- contention: where the collector recorded the fetches, on a host whose cores other
+  processes held: the hand-over of throughput's batches (from the end of a batch's fetch,
+  or the ask if later, to next()'s return) beyond the cost of delivery itself, less the
+  share the workers' own sample work holds it up (see _contention). Passing a batch needs
+  its worker's threads (the result queue's feeder; the resource sharer that hands each
+  tensor's file descriptor to the training process) and the training process to get a
+  core: on a host kept busy by others they queue for one, whatever the DataLoader's settings;
 - throughput: the rest of the steady wait: the workers not keeping up with the compute
   (from too few workers or from saturated CPUs: `bound` and the evidence say which), and
   the delivery cost every batch pays;
@@ -34,7 +41,7 @@ import numpy as np
 from .loaders import Loader, ProcessTraining, merge
 from .pipeline import READY_SLACK_US, PipelineModel
 
-PARTS = ("startup", "throughput", "imbalance", "tail", "main_process", "residual")
+PARTS = ("startup", "throughput", "imbalance", "tail", "main_process", "contention", "residual")
 # A steady batch is a tail batch when it waits this many times its worker's steady wait,
 # and at least TAIL_MIN_US more: the reference's outlier rule (2x the median), with a floor
 # so that sub-millisecond jitter on ready batches is not a "slow sample".
@@ -66,6 +73,14 @@ def cores_saturated(util: float | None, cores: int | None) -> bool:
     if util is None:
         return False
     return util >= CPU_SATURATED_PERCENT or (bool(cores) and cores * (1.0 - util / 100.0) < MIN_FREE_CORES)
+# An uncontended hand-over is the one batches that found a core at once got: this low quantile
+# of the measured ones, not below delivery itself. On a saturated host few batches find one at
+# once, so a low quantile still holds some queueing, and the part claims less, never more: the
+# contention job (clean's, beside two busy processes, 2 cores) handed over 1.75-2.2 ms a batch
+# without them (median); in 8 pairs with and without them the part at this quantile was
+# 0.94-1.23x the waiting that their removal removed (at the 10 % quantile 1.01-1.34x, at 5 %
+# 1.04-1.38x; from delivery itself, the ready waits' short ones capped at 1 ms, 1.2-1.3x).
+UNCONTENDED_HANDOVER_QUANTILE = 0.25
 # A worker whose fetches use the CPU for less than this share of their time mostly waits
 # (storage, network, locks): latency-bound.
 LATENCY_CPU_SHARE = 0.5
@@ -249,15 +264,21 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
         # Throughput's batches: steady ones that are neither stalls nor the slow worker's.
         plain = steady & ~tail_mask & (worker != slow if slow is not None else True)
         parts["residual"] = _residual(model, g, throughput, plain)
-        parts["throughput"] = throughput - parts["residual"]
+        throughput -= parts["residual"]
+        contention, contended, contention_evidence = _contention(model, process, util, plain, training_us)
+        evidence.update(contention_evidence)
+        parts["contention"] = min(contention, throughput)
+        parts["throughput"] = throughput - parts["contention"]
         bound, estimated = _bound(model, process, util)
         evidence.update({"steady_wait_s": [round(float(b) / 1e6, 6) for b in base_by_worker],
                          "tail_batches": int(tail_mask.sum()),
                          "service_median_s": round(float(np.median(model.service_us)) / 1e6, 6),
                          # The share of the time a worker was fetching: a finished batch's
                          # hand-over waits for its worker's next sample only that often.
-                         "worker_busy": round(min(1.0, float(np.sum(model.service_us))
-                                                  / (workers * max(training_us, 1.0))), 3),
+                         "worker_busy": round(_worker_busy(model, training_us), 3),
+                         # ...and holding the GIL, which a finished batch's hand-over needs
+                         # in its worker: a worker that sleeps on storage holds none of it.
+                         "worker_gil_busy": round(_worker_gil_busy(model, training_us), 3),
                          "stretch": round(model.stretch(workers), 3),
                          "cores_for_workers": None if model.cores_for_workers is None
                          else round(model.cores_for_workers, 2),
@@ -265,7 +286,7 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                          else round(model.worker_cpu_cores, 2),
                          "contention": None if model.contention is None else round(model.contention, 3)})
         windows = _part_windows(loader, first_round & (excess > 0), tail_mask,
-                                worker == slow if slow is not None else None)
+                                worker == slow if slow is not None else None, contended)
     evidence["bound_estimated"] = estimated
     seconds = {k: round(v / 1e6, 6) for k, v in parts.items()}
     # Rounding must not break the sum: the residual takes the rounding.
@@ -293,6 +314,52 @@ def unmodelled_budget(process: ProcessTraining, loader: Loader) -> LoaderBudget:
                         iterator=loader.name)
 
 
+def _worker_busy(model: PipelineModel, training_us: float) -> float:
+    """The share of the time a worker was fetching: a finished batch's hand-over waits for
+    its worker's next sample only that often."""
+    workers = model.settings.num_workers
+    return min(1.0, float(np.sum(model.service_us)) / (max(workers, 1) * max(training_us, 1.0)))
+
+
+def _worker_gil_busy(model: PipelineModel, training_us: float) -> float:
+    """The share of the time a worker's sample work held its GIL: computing, or queued for a
+    core while computing (measured per fetch); without CPU times, while fetching at all."""
+    busy = _worker_busy(model, training_us)
+    if not model.cpu_measured:
+        return busy
+    service = float(np.sum(model.service_us))
+    held = np.nan_to_num(model.cpu_base_us * model.speed[model.worker]) + np.nan_to_num(model.runq_us)
+    return busy * min(1.0, float(np.sum(held)) / service) if service > 0 else 0.0
+
+
+def _contention(model: PipelineModel, process: ProcessTraining, util: float | None, batches: np.ndarray,
+                training_us: float) -> tuple[float, np.ndarray, dict]:
+    """The hand-over that other processes' hold on the cores added to `batches` (us), the
+    batches it lengthened, and its evidence.
+
+    Only where the collector measured the fetches (a batch's hand-over is then its wait
+    after its fetch ended), on a host whose cores were saturated with at least MIN_FREE_CORES
+    of them used by other processes. Of each hand-over, what exceeds an uncontended one (see
+    UNCONTENDED_HANDOVER_QUANTILE) is queueing: for the GIL, which the worker's next sample
+    holds as often as worker_gil_busy says (the workers' own, the cpu_saturated finding's),
+    else for a core (the others'). Measured on the scenario jobs: with six `yes` running, the
+    latency job's ready batches took 8-17 ms each to be handed over (0.1-0.3 ms quiet), and
+    raising its workers from 2 to 4 or 8 left its wait as it was (1.7-2.2 s)."""
+    handover = model.handover_us
+    measured = batches & np.isfinite(handover)
+    if not measured.any() or not cores_saturated(util, process.cores) or model.other_cores < MIN_FREE_CORES:
+        return 0.0, np.zeros(len(handover), dtype=bool), {}
+    uncontended = max(float(np.quantile(handover[measured], UNCONTENDED_HANDOVER_QUANTILE)), model.delivery_base_us)
+    excess = np.maximum(np.where(measured, handover, 0.0) - uncontended, 0.0)
+    others_share = 1.0 - _worker_gil_busy(model, training_us)
+    # Batches whose fetch went unmatched pay as the matched ones do.
+    seconds = float(np.sum(excess)) * others_share * int(batches.sum()) / int(measured.sum())
+    evidence = {"contention_other_cores": round(model.other_cores, 2),
+                "handover_median_s": round(float(np.median(handover[measured])) / 1e6, 6),
+                "handover_uncontended_s": round(uncontended / 1e6, 6)}
+    return seconds, excess > 0, evidence
+
+
 def _residual(model: PipelineModel, g: np.ndarray, throughput: float, steady: np.ndarray) -> float:
     """Measured steady waiting that the replay of today's settings does not produce, over
     the batches `steady` names (throughput's), as a share of the throughput part.
@@ -315,7 +382,7 @@ def _residual(model: PipelineModel, g: np.ndarray, throughput: float, steady: np
     return min(throughput, share * float(np.sum(g[steady])))
 
 
-def _part_windows(loader: Loader, first_round, tail_mask, slow_mask, limit: int = 20) -> dict:
+def _part_windows(loader: Loader, first_round, tail_mask, slow_mask, contended, limit: int = 20) -> dict:
     """Where each part shows on the timeline: its longest GetNexts, as windows."""
     calls = loader.calls
     start = calls["start_us"].to_numpy()
@@ -331,4 +398,6 @@ def _part_windows(loader: Loader, first_round, tail_mask, slow_mask, limit: int 
            "throughput": longest(~first_round & ~tail_mask)}
     if slow_mask is not None:
         out["imbalance"] = longest(slow_mask & ~first_round)
+    if contended.any():
+        out["contention"] = longest(contended)
     return out

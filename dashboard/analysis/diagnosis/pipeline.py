@@ -102,6 +102,9 @@ class PipelineModel:
     compute_us: np.ndarray
     service_us: np.ndarray  # as served today (NaN for a single-process loader: wait_us)
     runq_us: np.ndarray  # of it, queueing for a core (NaN: not measured)
+    # From the end of the batch's fetch (or the ask, if later) to next()'s return: its
+    # hand-over, measured where the collector recorded the fetch (NaN: not measured).
+    handover_us: np.ndarray
     recreated: np.ndarray  # per segment: its workers were started by it
     startup_us: np.ndarray  # per segment x worker (num_workers columns): start-up latency
     # the replay's inputs (a sample of the segments)
@@ -222,7 +225,7 @@ def infer_workers(loader: Loader) -> int | None:
 def compact(model: PipelineModel) -> PipelineModel:
     """The model with only the batches the replay reads (a what-if later, from a cache)."""
     keep = np.isin(model.segment, model.replay_segments)
-    per_batch = ("segment", "index", "worker", "wait_us", "compute_us", "service_us", "runq_us",
+    per_batch = ("segment", "index", "worker", "wait_us", "compute_us", "service_us", "runq_us", "handover_us",
                  "latency_base_us", "cpu_base_us")
     values = {name: getattr(model, name)[keep] for name in per_batch}
     return dataclasses.replace(model, **values, today_waits=[])
@@ -301,6 +304,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     cpu = np.full(n, np.nan)
     runq = np.full(n, np.nan)
     startup = np.zeros((segments, max(workers, 1)))
+    handover = np.full(n, np.nan)
 
     measured = False
     if not workers:  # the main process loads each batch inside next()
@@ -313,6 +317,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         cpu = matched["cpu_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
         runq = matched["runq_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
         ready_before = np.isfinite(fetch_end) & (fetch_end <= ask)
+        handover = np.clip(ret - np.fmax(ask, fetch_end), 0.0, wait)  # NaN where no fetch matched
         # A batch whose fetch had ended before the ask still waits for its hand-over: the
         # worker's queue thread pickles it and passes its shared memory, and on a worker
         # that computes in Python that thread first waits for the GIL the next sample holds
@@ -406,7 +411,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
-        runq_us=runq if contention is not None else np.full(n, np.nan), recreated=recreated, startup_us=startup,
+        runq_us=runq if contention is not None else np.full(n, np.nan), handover_us=handover,
+        recreated=recreated, startup_us=startup,
         replay_segments=np.zeros(0, dtype=np.int64), replay_scale=1.0,
         latency_base_us=np.zeros(0), cpu_base_us=np.zeros(0), main_cores=main_cores, other_cores=other_cores)
     # The unstretched parts at speed 1: today's service = (latency + cpu x stretch) x speed.

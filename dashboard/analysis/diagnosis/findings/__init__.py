@@ -1,13 +1,13 @@
 """The findings: one module per cause, each reading one part of the wait budget."""
 from __future__ import annotations
 
-from . import imbalance, pin_memory, startup, storage, tail, throughput
+from . import contention, imbalance, pin_memory, startup, storage, tail, throughput
 from .base import MAX_LISTED, MIN_SHARE_OF_JOB, LoaderContext, Recommendation
 
 # Each module's findings, in the order their causes are fixed first: a slow worker or
 # storage explains the waits before more workers would only dilute them.
-MODULES = (throughput, imbalance, startup, tail, storage, pin_memory)
-ORDER = ("straggler_host", "straggler_rank", "use_workers", "cpu_saturated", "more_workers", "persistent_workers", "slow_worker", "slow_samples",
+MODULES = (throughput, contention, imbalance, startup, tail, storage, pin_memory)
+ORDER = ("straggler_host", "straggler_rank", "use_workers", "cpu_saturated", "host_contention", "more_workers", "persistent_workers", "slow_worker", "slow_samples",
          "storage_bound", "startup", "pin_memory")
 
 

@@ -27,8 +27,8 @@ HANDOFF_NAMED_S = 1e-3
 
 
 def _own_handoff_s(evidence: dict) -> float | None:
-    """Of a ready batch's hand-over, the part its worker's next sample holds up."""
-    handoff, busy = evidence.get("handoff_s"), evidence.get("worker_busy")
+    """Of a ready batch's hand-over, the part its worker's next sample holds up (the GIL)."""
+    handoff, busy = evidence.get("handoff_s"), evidence.get("worker_gil_busy", evidence.get("worker_busy"))
     if handoff is None:
         return None
     return handoff if busy is None else handoff * busy
@@ -36,7 +36,8 @@ def _own_handoff_s(evidence: dict) -> float | None:
 
 def _handoff_text(evidence: dict) -> str:
     """The hand-over as measured, when the part the workers' own next samples hold up is worth naming."""
-    own, handoff, busy = _own_handoff_s(evidence), evidence.get("handoff_s"), evidence.get("worker_busy")
+    own, handoff = _own_handoff_s(evidence), evidence.get("handoff_s")
+    busy = evidence.get("worker_gil_busy", evidence.get("worker_busy"))
     if not own or own < HANDOFF_NAMED_S:
         return ""
     share = f", and they were fetching {100 * busy:.0f} % of the time" if busy is not None else ""
@@ -104,11 +105,13 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     # idle worker waits for a core the host's other processes hold (the clean scenario with
     # four `yes` running: ready batches waited 3-4 ms each on workers busy 7 % of the time,
     # which cheaper samples cannot shorten).
+    # The hand-over that other processes' hold on the cores adds is the contention part's,
+    # already out of this one (budget._contention).
     per_batch = budget.evidence.get("delivery_s") or 0.0
     own_handoff = _own_handoff_s(budget.evidence)
     if budget.bound == "cpu":
         per_batch -= own_handoff or 0.0
-    delivery = per_batch * budget.evidence.get("batches", 0)
+    delivery = max(per_batch * budget.evidence.get("batches", 0) - budget.parts.get("contention", 0.0), 0.0)
     # Worth a change of worker count when it alone makes the loader moderately input-bound.
     if not ctx.worth(part - delivery) or part - delivery < MODERATELY_INPUT_BOUND_PERCENT / 100 * budget.training_s:
         return []
@@ -122,6 +125,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
                             median_compute_s=budget.evidence.get("median_compute_s"),
                             handoff_s=budget.evidence.get("handoff_s"), own_handoff_s=own_handoff,
                             worker_busy=budget.evidence.get("worker_busy"),
+                            worker_gil_busy=budget.evidence.get("worker_gil_busy"),
                             tried={str(t.change["num_workers"]): t.saving_s for t in tried})
     why = ("the workers wait on storage, the network or locks (their fetches use little CPU)"
            if budget.bound == "latency" else "the workers compute (their fetches use the CPU)"
