@@ -36,7 +36,9 @@ settings. It is exact for the protocol and approximate in its inputs; a predicti
 changed replay scaled by how today's measured wait compares with today's replay (what the
 model does not capture, a busy host's wake-ups and hand-overs, grows and shrinks with the
 waiting the model does capture; see what_if). Large loaders are replayed on
-an even sample of their iterators (at most MAX_REPLAY_BATCHES batches) and scaled.
+an even sample of their iterators, each up to its first `replay_cap` batches (at most
+MAX_REPLAY_BATCHES batches in all), and scaled: an iterator's batches beyond its cap wait as
+the second half of its replayed ones did (its steady state).
 """
 from __future__ import annotations
 
@@ -109,7 +111,9 @@ class PipelineModel:
     startup_us: np.ndarray  # per segment x worker (num_workers columns): start-up latency
     # the replay's inputs (a sample of the segments)
     replay_segments: np.ndarray  # segment ids replayed
-    replay_scale: float  # all batches / replayed batches
+    replay_scale: float  # all batches / the replayed segments' batches
+    replay_cap: int  # batches replayed per segment, its first ones
+    replay_beyond: np.ndarray  # per replayed segment: its batches beyond the cap
     latency_base_us: np.ndarray  # per batch: the waiting part, at speed 1
     cpu_base_us: np.ndarray  # per batch: the computing part, at speed 1, unstretched
     # their means over all batches (what the stretch reads; a compact model keeps them)
@@ -224,7 +228,7 @@ def infer_workers(loader: Loader) -> int | None:
 
 def compact(model: PipelineModel) -> PipelineModel:
     """The model with only the batches the replay reads (a what-if later, from a cache)."""
-    keep = np.isin(model.segment, model.replay_segments)
+    keep = replayed_rows(model)
     per_batch = ("segment", "index", "worker", "wait_us", "compute_us", "service_us", "runq_us", "handover_us",
                  "latency_base_us", "cpu_base_us")
     values = {name: getattr(model, name)[keep] for name in per_batch}
@@ -413,7 +417,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
         runq_us=runq if contention is not None else np.full(n, np.nan), handover_us=handover,
         recreated=recreated, startup_us=startup,
-        replay_segments=np.zeros(0, dtype=np.int64), replay_scale=1.0,
+        replay_segments=np.zeros(0, dtype=np.int64), replay_scale=1.0, replay_cap=0,
+        replay_beyond=np.zeros(0, dtype=np.int64),
         latency_base_us=np.zeros(0), cpu_base_us=np.zeros(0), main_cores=main_cores, other_cores=other_cores)
     # The unstretched parts at speed 1: today's service = (latency + cpu x stretch) x speed.
     per_speed = speed[worker] if workers else np.ones(n)
@@ -436,7 +441,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
     model.contention = contention
     model.startup_compute_us = _startup_compute(compute, segment, index, recreated) if workers else 0.0
-    model.replay_segments, model.replay_scale = _sample(segment, segments)
+    model.replay_segments, model.replay_scale, model.replay_cap, model.replay_beyond = _sample(segment, segments)
     model.today_waits = replay_waits(model, settings)
     model.today_us = _total(model, model.today_waits)
     return model
@@ -519,16 +524,38 @@ def _fill_unwaited_service(service, worker, workers, compute, delivery, overall)
             service[worker == w] = fast
 
 
-def _sample(segment: np.ndarray, segments: int) -> tuple[np.ndarray, float]:
-    """Segments to replay: all, or an even sample of at most MAX_REPLAY_BATCHES batches."""
+def _sample(segment: np.ndarray, segments: int) -> tuple[np.ndarray, float, int, np.ndarray]:
+    """What to replay: the segments (all, or an even sample), the scale from their batches to
+    all, how many of each one's first batches (the cap), and each one's batches beyond it. At
+    most about MAX_REPLAY_BATCHES batches: a few long iterators (10 epochs of 300,000 batches)
+    are replayed on their first batches, not whole (0.55 s a replay at 3M batches)."""
     n = len(segment)
-    if n <= MAX_REPLAY_BATCHES or segments <= 1:
-        return np.arange(segments), 1.0
+    if n <= MAX_REPLAY_BATCHES:
+        return np.arange(segments), 1.0, n, np.zeros(segments, dtype=np.int64)
     sizes = np.bincount(segment, minlength=segments)
     keep = max(1, int(segments * MAX_REPLAY_BATCHES / n))
     chosen = np.unique(np.linspace(0, segments - 1, keep).round().astype(np.int64))
     chosen = np.union1d(chosen, [0])  # the first: it starts the workers
-    return chosen, n / max(int(sizes[chosen].sum()), 1)
+    cap = max(1, MAX_REPLAY_BATCHES // len(chosen))
+    return chosen, n / max(int(sizes[chosen].sum()), 1), cap, np.maximum(sizes[chosen] - cap, 0)
+
+
+def _replay_bounds(model: PipelineModel) -> tuple[np.ndarray, np.ndarray]:
+    """Per replayed segment, the positions of its first and past its last replayed batch."""
+    starts = np.searchsorted(model.segment, model.replay_segments, side="left")
+    stops = np.searchsorted(model.segment, model.replay_segments, side="right")
+    return starts, np.minimum(stops, starts + model.replay_cap)
+
+
+def replayed_rows(model: PipelineModel) -> np.ndarray:
+    """The batches the replay runs (a mask over the model's batches): its segments' first
+    `replay_cap` each."""
+    starts, stops = _replay_bounds(model)
+    lengths = stops - starts
+    rows = np.repeat(starts - np.cumsum(np.r_[0, lengths[:-1]]), lengths) + np.arange(int(lengths.sum()))
+    mask = np.zeros(len(model.segment), dtype=bool)
+    mask[rows] = True
+    return mask
 
 
 # --- the replay -----------------------------------------------------------------------------
@@ -598,7 +625,10 @@ def replay(model: PipelineModel, settings: Settings) -> float:
 
 
 def _total(model: PipelineModel, waits: list[tuple[int, np.ndarray]]) -> float:
-    return float(sum(float(np.sum(w)) for _, w in waits)) * model.replay_scale
+    total = 0.0
+    for (_, w), beyond in zip(waits, model.replay_beyond.tolist()):
+        total += float(np.sum(w)) + (beyond * float(np.mean(w[len(w) // 2:])) if beyond and len(w) else 0.0)
+    return total * model.replay_scale
 
 
 def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndarray]]:
@@ -609,8 +639,7 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
     cost_all = model.latency_base_us + model.cpu_base_us * sigma
     delivery = model.delivery_us if model.settings.num_workers else DEFAULT_DELIVERY_US
     speed = [float(model.speed[w]) if w < len(model.speed) else 1.0 for w in range(workers)]
-    starts = np.searchsorted(model.segment, model.replay_segments, side="left")
-    stops = np.searchsorted(model.segment, model.replay_segments, side="right")
+    starts, stops = _replay_bounds(model)
     first_start = model.startup_us[0] if len(model.startup_us) else np.zeros(1)
     out = []
     for seg, lo, hi in zip(model.replay_segments.tolist(), starts.tolist(), stops.tolist()):
