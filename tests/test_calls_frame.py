@@ -11,14 +11,14 @@ import pytest
 import dashboard
 from dashboard import format as fmt
 from dashboard import synthetic
-from dashboard.analysis.dataloader import _segments, iterator_classes, labels
+from dashboard.analysis.dataloader import call_segments, iterator_classes, labels
 from dashboard.analysis.diagnosis import loaders
 
 
 def calls_frame_by_definition(framework: pd.DataFrame) -> pd.DataFrame:
     # Each GetNext's iterator, aligned by index with the frame's rows (not through
     # getnext_segments, which the code under test reads).
-    found = _segments(framework)
+    found = call_segments(framework)
     segment = pd.Series(found.segment, index=framework.index[found.rows], dtype="int64")
     calls = framework[framework["kind"] == fmt.KIND_GETNEXT]
     calls = pd.DataFrame({

@@ -204,14 +204,16 @@ def ints_or(values: pd.Series, missing: int) -> np.ndarray:
 
 
 @dataclass
-class _Segments:
-    """The GetNext calls in (process, pid, start) order, with the iterator each belongs to."""
+class CallSegments:
+    """The GetNext calls in (process, pid, start) order, with the iterator each belongs to.
+    Computed once per analysis (call_segments) and handed to what reads it: the batch times
+    and the diagnosis's calls frame (0.8 s at 3M GetNexts, each time)."""
     rows: np.ndarray  # positions of the calls in the framework frame, in this order
     segment: np.ndarray  # iterator id per call in this order: consecutive runs of equal ids
     start_us: np.ndarray
 
 
-def _segments(framework: pd.DataFrame) -> _Segments:
+def call_segments(framework: pd.DataFrame) -> CallSegments:
     # Numpy over the few columns needed, not pandas group-bys over copied frames: this runs
     # on every GetNext of a trial (300k+), and its temporary frames once set the peak memory.
     is_call = (framework["kind"] == fmt.KIND_GETNEXT).to_numpy()
@@ -241,7 +243,7 @@ def _segments(framework: pd.DataFrame) -> _Segments:
     for key in (process, pid, cls, inits_before, iterator_id):
         ordered = key[order]
         new[1:] |= ordered[1:] != ordered[:-1]
-    return _Segments(rows=rows[call_rows][order], segment=np.cumsum(new), start_us=start[order])
+    return CallSegments(rows=rows[call_rows][order], segment=np.cumsum(new), start_us=start[order])
 
 
 def iterator_segments(framework: pd.DataFrame) -> pd.Series:
@@ -256,26 +258,26 @@ def iterator_segments(framework: pd.DataFrame) -> pd.Series:
     return pd.Series(segment, index=framework.index[rows], dtype="int64")
 
 
-def getnext_segments(framework: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def getnext_segments(framework: pd.DataFrame, found: CallSegments | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(the GetNexts' positions in the frame, in frame order; the iterator id of each), as
-    iterator_segments has them."""
-    found = _segments(framework)
+    iterator_segments has them. `found`: the frame's call_segments, when already computed."""
+    found = found if found is not None else call_segments(framework)
     in_frame_order = np.argsort(found.rows)  # found.rows are exactly the GetNexts' positions
     return found.rows[in_frame_order], found.segment[in_frame_order]
 
 
-def analyze_batchtime(framework: pd.DataFrame,
-                      factor: float = DEFAULT_OUTLIER_FACTOR) -> BatchTimeResult:
+def analyze_batchtime(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
+                      found: CallSegments | None = None) -> BatchTimeResult:
     """BatchTime_in_seconds: start of the next GetNext minus start of this one, per iterator
     (see batch_times)."""
-    batches = batch_times(framework)
+    batches = batch_times(framework, found)
     return BatchTimeResult(
         count=len(batches), median_s=_median(batches["batch_time_s"]),
         outliers=outliers(batches, "batch_time_s", factor)[BATCH_OUTLIER_COLUMNS],
         batches=batches)
 
 
-def batch_times(framework: pd.DataFrame) -> pd.DataFrame:
+def batch_times(framework: pd.DataFrame, found: CallSegments | None = None) -> pd.DataFrame:
     """Every GetNext that has a next one in its iterator, with its batch time, by start (then
     process, pid and frame order).
 
@@ -283,7 +285,7 @@ def batch_times(framework: pd.DataFrame) -> pd.DataFrame:
     loop spent on this batch, fetch included. The last GetNext of an iterator has none.
     """
     columns = ["start_us", "end_us", "batch_time_s", "pid", "node", "rank", "worker_id", "segment"]
-    found = _segments(framework)
+    found = found if found is not None else call_segments(framework)
     has_next = found.segment[1:] == found.segment[:-1]
     rows = found.rows[:-1][has_next]
     start = found.start_us[:-1][has_next]
@@ -347,10 +349,12 @@ def window(framework: pd.DataFrame, system: pd.DataFrame, start_us: int | None, 
                   fw_in[keep_fw.to_numpy()].reset_index(drop=True))
 
 
-def analyze(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR) -> DataLoaderAnalysis:
+def analyze(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
+            found: CallSegments | None = None) -> DataLoaderAnalysis:
+    """The four panels' analyses. `found`: the frame's call_segments, when already computed."""
     return DataLoaderAnalysis(
         initialization=analyze_initialization(framework, factor),
         workers=analyze_workers(framework, factor),
         getnext=analyze_getnext(framework, factor),
-        batchtime=analyze_batchtime(framework, factor),
+        batchtime=analyze_batchtime(framework, factor, found),
         outlier_factor=factor)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from . import findings as finding_modules
@@ -114,11 +115,11 @@ def assess_process(process: ProcessTraining) -> ProcessAssessment:
     return ProcessAssessment(process.compact(), found, budgets, asked, models)
 
 
-def assess_processes(framework: pd.DataFrame, system: pd.DataFrame,
-                     processes_per_host: dict[str, int] | None = None) -> list[ProcessAssessment]:
+def assess_processes(framework: pd.DataFrame, system: pd.DataFrame, processes_per_host: dict[str, int] | None = None,
+                     getnexts: tuple[np.ndarray, np.ndarray] | None = None) -> list[ProcessAssessment]:
     """Each training process's part of the assessment of these frames (all of a trial, or the
     rows of some of its processes, with the whole trial's processes_per_host)."""
-    return [assess_process(p) for p in loaders_module.processes(framework, system, processes_per_host)]
+    return [assess_process(p) for p in loaders_module.processes(framework, system, processes_per_host, getnexts)]
 
 
 def combine(parts: list[ProcessAssessment]) -> Assessment:
@@ -137,11 +138,13 @@ def combine(parts: list[ProcessAssessment]) -> Assessment:
                       [m for part in parts for m in part.models], {p.id: p.verdict for p in processes})
 
 
-def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float | None = None) -> Assessment:
+def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float | None = None,
+           getnexts: tuple[np.ndarray, np.ndarray] | None = None) -> Assessment:
     """The trial's verdict, each host's and process's, the wait budgets and the recommendations.
 
-    `outlier_factor` is accepted for the callers' sake; the budget's own rules decide."""
-    return combine(assess_processes(framework, system))
+    `outlier_factor` is accepted for the callers' sake; the budget's own rules decide.
+    `getnexts`: the frame's getnext_segments (analysis.dataloader), when already computed."""
+    return combine(assess_processes(framework, system, getnexts=getnexts))
 
 
 def _unique(items: list[WhatIf]) -> list[WhatIf]:
