@@ -73,6 +73,8 @@ def cores_saturated(util: float | None, cores: int | None) -> bool:
     if util is None:
         return False
     return util >= CPU_SATURATED_PERCENT or (bool(cores) and cores * (1.0 - util / 100.0) < MIN_FREE_CORES)
+
+
 # An uncontended hand-over is the one batches that found a core at once got: this low quantile
 # of the measured ones, not below delivery itself. On a saturated host few batches find one at
 # once, so a low quantile still holds some queueing, and the part claims less, never more: the
@@ -284,7 +286,9 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                          else round(model.cores_for_workers, 2),
                          "worker_cpu_cores": None if model.worker_cpu_cores is None
                          else round(model.worker_cpu_cores, 2),
-                         "contention": None if model.contention is None else round(model.contention, 3)})
+                         # (cpu + run-queue wait) / cpu of the fetches, measured: not the
+                         # contention part, which is the hand-over's
+                         "fetch_cpu_stretch": None if model.contention is None else round(model.contention, 3)})
         windows = _part_windows(loader, first_round & (excess > 0), tail_mask,
                                 worker == slow if slow is not None else None, contended)
     evidence["bound_estimated"] = estimated
