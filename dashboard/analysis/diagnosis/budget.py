@@ -14,8 +14,8 @@ Parts, per training loader (they add up to its measured wait, by construction):
   beyond what the other workers' batches wait;
 - contention: where the collector recorded the fetches, on a host whose cores other
   processes held: the hand-over of throughput's batches (from the end of a batch's fetch,
-  or the ask if later, to next()'s return) beyond the cost of delivery itself, less the
-  share the workers' own sample work holds it up (see _contention). Passing a batch needs
+  or the ask if later, to next()'s return) beyond an uncontended one, less the share the
+  workers' own sample work holds it up (see _contention). Passing a batch needs
   its worker's threads (the result queue's feeder; the resource sharer that hands each
   tensor's file descriptor to the training process) and the training process to get a
   core: on a host kept busy by others they queue for one, whatever the DataLoader's settings;
@@ -267,7 +267,8 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
         plain = steady & ~tail_mask & (worker != slow if slow is not None else True)
         parts["residual"] = _residual(model, g, throughput, plain)
         throughput -= parts["residual"]
-        contention, contended, contention_evidence = _contention(model, process, util, plain, training_us)
+        gil_busy = _worker_gil_busy(model, training_us)
+        contention, contended, contention_evidence = _contention(model, process, util, plain, gil_busy)
         evidence.update(contention_evidence)
         parts["contention"] = min(contention, throughput)
         parts["throughput"] = throughput - parts["contention"]
@@ -280,7 +281,7 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                          "worker_busy": round(_worker_busy(model, training_us), 3),
                          # ...and holding the GIL, which a finished batch's hand-over needs
                          # in its worker: a worker that sleeps on storage holds none of it.
-                         "worker_gil_busy": round(_worker_gil_busy(model, training_us), 3),
+                         "worker_gil_busy": round(gil_busy, 3),
                          "stretch": round(model.stretch(workers), 3),
                          "cores_for_workers": None if model.cores_for_workers is None
                          else round(model.cores_for_workers, 2),
@@ -337,7 +338,7 @@ def _worker_gil_busy(model: PipelineModel, training_us: float) -> float:
 
 
 def _contention(model: PipelineModel, process: ProcessTraining, util: float | None, batches: np.ndarray,
-                training_us: float) -> tuple[float, np.ndarray, dict]:
+                gil_busy: float) -> tuple[float, np.ndarray, dict]:
     """The hand-over that other processes' hold on the cores added to `batches` (us), the
     batches it lengthened, and its evidence.
 
@@ -345,7 +346,7 @@ def _contention(model: PipelineModel, process: ProcessTraining, util: float | No
     after its fetch ended), on a host whose cores were saturated with at least MIN_FREE_CORES
     of them used by other processes. Of each hand-over, what exceeds an uncontended one (see
     UNCONTENDED_HANDOVER_QUANTILE) is queueing: for the GIL, which the worker's next sample
-    holds as often as worker_gil_busy says (the workers' own, the cpu_saturated finding's),
+    holds as often as `gil_busy` says (_worker_gil_busy: the workers' own, the cpu_saturated finding's),
     else for a core (the others'). Measured on the scenario jobs: with six `yes` running, the
     latency job's ready batches took 8-17 ms each to be handed over (0.1-0.3 ms quiet), and
     raising its workers from 2 to 4 or 8 left its wait as it was (1.7-2.2 s)."""
@@ -355,7 +356,7 @@ def _contention(model: PipelineModel, process: ProcessTraining, util: float | No
         return 0.0, np.zeros(len(handover), dtype=bool), {}
     uncontended = max(float(np.quantile(handover[measured], UNCONTENDED_HANDOVER_QUANTILE)), model.delivery_base_us)
     excess = np.maximum(np.where(measured, handover, 0.0) - uncontended, 0.0)
-    others_share = 1.0 - _worker_gil_busy(model, training_us)
+    others_share = 1.0 - gil_busy
     # Batches whose fetch went unmatched pay as the matched ones do.
     seconds = float(np.sum(excess)) * others_share * int(batches.sum()) / int(measured.sum())
     evidence = {"contention_other_cores": round(model.other_cores, 2),

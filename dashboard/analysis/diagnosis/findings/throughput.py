@@ -28,7 +28,7 @@ HANDOFF_NAMED_S = 1e-3
 
 def _own_handoff_s(evidence: dict) -> float | None:
     """Of a ready batch's hand-over, the part its worker's next sample holds up (the GIL)."""
-    handoff, busy = evidence.get("handoff_s"), evidence.get("worker_gil_busy", evidence.get("worker_busy"))
+    handoff, busy = evidence.get("handoff_s"), evidence.get("worker_gil_busy")
     if handoff is None:
         return None
     return handoff if busy is None else handoff * busy
@@ -37,7 +37,7 @@ def _own_handoff_s(evidence: dict) -> float | None:
 def _handoff_text(evidence: dict) -> str:
     """The hand-over as measured, when the part the workers' own next samples hold up is worth naming."""
     own, handoff = _own_handoff_s(evidence), evidence.get("handoff_s")
-    busy = evidence.get("worker_gil_busy", evidence.get("worker_busy"))
+    busy = evidence.get("worker_gil_busy")
     if not own or own < HANDOFF_NAMED_S:
         return ""
     share = f", and they were fetching {100 * busy:.0f} % of the time" if busy is not None else ""
