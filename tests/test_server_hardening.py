@@ -637,7 +637,8 @@ def test_s3_stops_mid_load_the_page_says_so_nothing_is_cached_and_a_retry_reads_
     # that reading progresses (dying at once raced the page's polls on a loaded machine).
     listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=PREFIX + "/")["Contents"]
     s3.arm(sorted(o["Key"] for o in listed)[19])
-    killer = threading.Thread(target=lambda: (s3.held.wait(60), reading.wait(30), s3.die()))
+    shown_reading = []
+    killer = threading.Thread(target=lambda: (s3.held.wait(60), shown_reading.append(reading.wait(30)), s3.die()))
     killer.start()
     started = time.monotonic()
     try:
@@ -652,6 +653,7 @@ def test_s3_stops_mid_load_the_page_says_so_nothing_is_cached_and_a_retry_reads_
         # module's other tests whatever happens here).
         s3.start()
     assert reached, "the load never reached the 20th file"
+    assert shown_reading == [True], "the page never showed how many files were read"
     message = failed.values.get("error-message.children")
     assert "trial-store.data" not in failed.values, "a failed load must not replace the page's trial"
     assert message and message.startswith(f"{S3_TRIAL}: cannot reach S3"), message

@@ -1010,6 +1010,44 @@ def test_each_request_closes_its_threads_cache_connections_inside_the_fork_guard
     assert getattr(jobs._local, "con", None) is None  # (the test client runs the request in this thread)
 
 
+def test_the_last_progress_a_job_reports_reaches_the_page_while_it_polls(tmp_path):
+    """A load reports its progress as it reads; the page polls for it. Dash's manager read the
+    report and then deleted it, so one written in between was deleted unread, and a load that
+    then stopped reporting (every file it waits for hangs on S3) showed the report before it for
+    good (the S3 hardening test waited 30 s for "Read N of M files" in CI). Here a job process
+    writes 50 reports, the last one last, while this process polls as fast as it can: with
+    Dash's read-then-delete, the last one was lost in 38 runs of 40; a poll must get it in each of
+    10 runs (an atomic pop cannot lose it: 0 of 40)."""
+    import multiprocessing
+
+    from dashboard.web.cache import ForkSafeCache
+    from dashboard.web.jobs import QueueingManager
+
+    manager = QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+    progress_key = manager._make_progress_key("load-key")
+    context = multiprocessing.get_context("fork")  # as Dash starts its jobs
+    for run in range(10):
+        writer = context.Process(target=_report_progress, args=(str(tmp_path / "jobs"), progress_key, run))
+        writer.start()
+        seen = []
+        while writer.is_alive():
+            if (reported := manager.get_progress("load-key")) is not None:
+                seen.append(reported)
+        writer.join(30)
+        assert writer.exitcode == 0
+        if (reported := manager.get_progress("load-key")) is not None:  # written just before it ended
+            seen.append(reported)
+        assert seen and seen[-1] == [run, 49], (run, seen[-3:])
+
+
+def _report_progress(folder: str, progress_key: str, run: int) -> None:
+    from dashboard.web.cache import ForkSafeCache
+
+    with ForkSafeCache(folder) as reports:
+        for done in range(50):
+            reports.set(progress_key, [run, done])
+
+
 def test_a_result_written_as_its_job_ends_between_dashs_two_reads_is_collected(tmp_path):
     """Dash reads a job's result, then asks whether the job runs; "no result, not running" is a
     cancelled job (the page stops waiting). A job that wrote its result and ended in between
