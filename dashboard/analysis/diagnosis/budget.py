@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .loaders import Loader, ProcessTraining, merge
-from .pipeline import READY_SLACK_US, PipelineModel, replayed_rows
+from .pipeline import READY_SLACK_US, PipelineModel, busy_workers, replayed_rows
 
 PARTS = ("startup", "throughput", "imbalance", "tail", "main_process", "contention", "residual")
 # A steady batch is a tail batch when it waits this many times its worker's steady wait,
@@ -204,9 +204,9 @@ def _bound(model: PipelineModel, process: ProcessTraining, util: float | None) -
         return "unknown", True
     if saturated:
         return "cpu", True
-    busy_workers = service / max(float(process.training_us), 1.0)  # workers busy, on average
+    busy = busy_workers(model.service_us, process.training_us)
     used = util / 100.0 * process.cores
-    if busy_workers >= 1.0 and used < LATENCY_CPU_SHARE * busy_workers:
+    if busy >= 1.0 and used < LATENCY_CPU_SHARE * busy:
         return "latency", True  # busy workers that leave the cores idle are waiting
     return "unknown", True
 
@@ -323,7 +323,7 @@ def _worker_busy(model: PipelineModel, training_us: float) -> float:
     """The share of the time a worker was fetching: a finished batch's hand-over waits for
     its worker's next sample only that often."""
     workers = model.settings.num_workers
-    return min(1.0, float(np.sum(model.service_us)) / (max(workers, 1) * max(training_us, 1.0)))
+    return min(1.0, busy_workers(model.service_us, training_us) / max(workers, 1))
 
 
 def _worker_gil_busy(model: PipelineModel, training_us: float) -> float:

@@ -388,7 +388,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         # No CPU time per fetch: the host's use beyond the main process's is the
         # workers' (an estimate), shared over their service time.
         # Busy workers use at most a core each: the rest of the host's use is someone else's.
-        busy = float(np.sum(service)) / training_us  # worker-seconds per second
+        busy = busy_workers(service, training_us)
         worker_cores = min(max(0.0, util / 100.0 * cores - main_cores), busy)
         share = min(1.0, worker_cores / busy) if busy > 0 else 0.0
         cpu = service * share
@@ -545,6 +545,12 @@ def _replay_bounds(model: PipelineModel) -> tuple[np.ndarray, np.ndarray]:
     starts = np.searchsorted(model.segment, model.replay_segments, side="left")
     stops = np.searchsorted(model.segment, model.replay_segments, side="right")
     return starts, np.minimum(stops, starts + model.replay_cap)
+
+
+def busy_workers(service_us: np.ndarray, training_us: float) -> float:
+    """How many workers were fetching at once, on average over the training time: their
+    service time (worker-seconds) per second of training."""
+    return float(np.sum(service_us)) / max(float(training_us), 1.0)
 
 
 def replayed_rows(model: PipelineModel) -> np.ndarray:
