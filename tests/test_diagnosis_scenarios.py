@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -107,19 +108,24 @@ TRAINING_RELATIVE_TOLERANCE = 0.35
 # predicted 3.09 s against 3.49 s measured; slow_worker 0.81, 3.31 s against 4.00 s.)
 # CPU-bound samples on saturated cores: doubling the workers gains what the model predicts
 # (on a saturated host the scheduler shares the cores between runnable threads: more workers
-# take cores from the main process and from other processes). The gain is measured as the
-# better of two planted runs against the better of two re-runs (a single pair is at the
-# mercy of the machine's other load). Single pairs (2 cores, 4 workers for 2): quiet, 5
-# pairs, predicted +0.033..+0.047 against measured +0.031..+0.046 (|miss| <= 0.016); with
-# two `yes`, 4 pairs, predicted +0.15..+0.21 against +0.13..+0.22 (|miss| <= 0.042; with
-# four `yes`, 0.05). In one full suite run with two `yes` the planted run's ready batches
-# waited 9 ms each for their hand-over, which the replay charges every batch whatever the
-# workers (see pipeline.build): predicted 0.00 against a measured 0.13. 0.20 is that worst
-# with room. The model before (it capped the workers at the cores less all of the main
-# process's use, so more workers got fewer cores than today's) predicted -0.07..-0.13 quiet
-# against +0.01..+0.11, missing by 0.10..0.24 (its worst fails here); a model that took these
-# workers for latency-bound ones (twice the workers, half the wait) predicts a gain of 0.5 or
-# more, and fails.
+# take cores from the main process and from other processes). With 4 workers for 2 cores the
+# outcome is bimodal: the main process shares its core with one worker or with two for the whole
+# run (its compute 1.40-1.56 s or 2.02-2.08 s), so a single re-run gains +0.17..+0.21 or loses
+# 0.12..0.21 (quiet, 5 alternating pairs; predicted +0.02..+0.06). The model predicts the
+# average, so the gain is measured on means, over runs made in one stretch of time in the order
+# A B B A (2 workers, 4, 4, 2: a host whose speed drifts evenly slows both sides alike), and the
+# prediction is the mean of the two A runs' own. On the same 5 pairs, as four A B B A groups:
+# measured -0.01..+0.05 against predicted +0.03..+0.04; the worst draw (both re-runs in the slow
+# mode) measures about -0.13. This test, 3 runs quiet: predicted +0.05..+0.08 against measured
+# +0.05..+0.08 (|miss| <= 0.04); 3 with two `yes`: +0.12..+0.14 against +0.08..+0.20 (<= 0.06).
+# The design before compared the better of two runs each way, one of them the module's planted
+# run: in a quiet CI run that run was 2 minutes older and 24 % faster than its repeat (3.08 s
+# against 3.83 s, the same job), both re-runs drew the slow mode, and it measured -0.31 against
+# a prediction of 0.00. 0.20 holds the worst draw (0.17 from a prediction
+# of +0.04) and is far from what the wrong models predict: the one before (it capped the workers
+# at the cores less all of the main process's use, so more workers got fewer cores than today's)
+# predicted -0.07..-0.13 quiet, and a model that took these workers for latency-bound ones (twice
+# the workers, half the wait) predicts a gain of 0.5 or more.
 CPU_GAIN_TOLERANCE = 0.20
 # The hand-over the cpu_saturated finding names (finished batches waiting for the worker's
 # queue thread, which needs the GIL and a core that the next sample's work holds) is removed by
@@ -549,20 +555,25 @@ def test_more_workers_gain_what_the_model_predicts_when_the_cores_are_saturated(
     def doubled_workers(planted):
         return {"num_workers": 2 * planted.books["settings"]["num_workers"]}, ()
 
-    # Measured: the better of two runs each way (see CPU_GAIN_TOLERANCE), on one host load.
-    planted, second, *doubled = jobs.steady("cpu", again, doubled_workers, doubled_workers)
+    # Measured on means of runs in the order A B B A, on one host load (see CPU_GAIN_TOLERANCE).
+    planted, first, *doubled, last = jobs.steady("cpu", again, doubled_workers, doubled_workers, again)
     change = doubled[0].change
     (what_if,) = planted.result.what_if(change)
     assert what_if.change == change
     assert what_if.predicted is not None
     assert what_if.now["wait_fraction"] == pytest.approx(planted.wait_fraction, abs=fraction_tolerance(planted))
     assert what_if.now["training_s"] == pytest.approx(planted.books["training_s"], abs=training_tolerance_s(planted))
-    predicted_gain = 1 - what_if.predicted["training_s"] / what_if.now["training_s"]
 
-    planted_s = min(planted.books["training_s"], second.books["training_s"])
-    doubled_s = min(run.books["training_s"] for run in doubled)
-    measured_gain = 1 - doubled_s / planted_s
-    assert predicted_gain == pytest.approx(measured_gain, abs=CPU_GAIN_TOLERANCE), (what_if, planted_s, doubled_s)
+    today = [first, last]
+    predictions = [run.result.what_if(change)[0] for run in today]
+    predicted_gain = statistics.mean(1 - p.predicted["training_s"] / p.now["training_s"] for p in predictions)
+    today_s = statistics.mean(run.books["training_s"] for run in today)
+    doubled_s = statistics.mean(run.books["training_s"] for run in doubled)
+    measured_gain = 1 - doubled_s / today_s
+    trained = {"today": [run.books["training_s"] for run in today],
+               "doubled": [run.books["training_s"] for run in doubled]}
+    print(f"doubling the workers: predicted {predicted_gain:+.3f}, measured {measured_gain:+.3f} ({trained})")
+    assert predicted_gain == pytest.approx(measured_gain, abs=CPU_GAIN_TOLERANCE), (predictions, trained)
 
     # The JSON form of the what-ifs: the contract's keys, today's numbers as what_if() has them.
     for item in planted.result.to_dict()["what_if"]:
