@@ -205,6 +205,11 @@ CONTENTION_OF_HANDOVER_MIN = 0.4
 # beyond delivery itself (1.2-1.3x the removed on those pairs, 1.6-1.9x for all of it) meets it
 # only in part, and one that counted nothing fails.
 CONTENTION_SAVING_TOLERANCE = 0.35
+# The job's own hand-over and delivery stay throughput's beside the busy processes: its throughput
+# part there against the re-run's without them (relative). 6 quiet pairs: 0.77-1.20x. With the
+# residual taken before the contention (it then held the contention's queueing, which the replay
+# does not model), the same pairs gave 0, 0, 0.15, 0.59, 0.61 and 0.98x.
+CONTENTION_THROUGHPUT_TOLERANCE = 0.35
 
 # Findings per scenario: the one its planted cause must produce, and ones that would be wrong.
 EXPECTED = {"latency": "more_workers", "cpu": "cpu_saturated", "slow_worker": "slow_worker",
@@ -487,6 +492,9 @@ def test_host_contention_is_the_hand_over_that_the_other_processes_cost(jobs):
                     "saving of removing all of it cannot be measured by removing the job's own two")
     assert named.saving_s == pytest.approx(removed, rel=CONTENTION_SAVING_TOLERANCE), (named.saving_s, removed)
     assert "host_contention" not in ids(fixed.result), ids(fixed.result)
+    beside, alone = only_budget(planted).parts, only_budget(fixed).parts
+    assert beside["throughput"] == pytest.approx(alone["throughput"], rel=CONTENTION_THROUGHPUT_TOLERANCE), (
+        beside, alone)
 
 
 def test_alike_workers_in_lock_step_are_not_a_slow_worker(jobs):
