@@ -369,8 +369,7 @@ def _contention(model: PipelineModel, process: ProcessTraining, util: float | No
     uncontended = max(float(np.quantile(handover[measured], UNCONTENDED_HANDOVER_QUANTILE)), model.delivery_base_us)
     excess = np.maximum(np.where(measured, handover, 0.0) - uncontended, 0.0)
     others_share = 1.0 - gil_busy
-    # Batches whose fetch went unmatched pay as the matched ones do.
-    seconds = float(np.sum(excess)) * others_share * int(batches.sum()) / int(measured.sum())
+    seconds = _as_all_batches(float(np.sum(excess)) * others_share, batches, measured)
     evidence = {"contention_other_cores": round(model.other_cores, 2),
                 "handover_median_s": round(float(np.median(handover[measured])) / 1e6, 6),
                 "handover_uncontended_s": round(uncontended / 1e6, 6)}
@@ -384,8 +383,13 @@ def _handover_beyond_delivery(model: PipelineModel, batches: np.ndarray) -> floa
     measured = batches & np.isfinite(handover)
     if not measured.any():
         return 0.0
-    beyond = float(np.sum(np.maximum(handover[measured] - model.delivery_us, 0.0)))
-    return beyond * int(batches.sum()) / int(measured.sum())
+    return _as_all_batches(float(np.sum(np.maximum(handover[measured] - model.delivery_us, 0.0))), batches, measured)
+
+
+def _as_all_batches(total_us: float, batches: np.ndarray, measured: np.ndarray) -> float:
+    """A total over the `measured` batches (whose fetch matched a hand-over), for all
+    `batches`: those whose fetch went unmatched pay as the matched ones do."""
+    return total_us * int(batches.sum()) / int(measured.sum())
 
 
 def _residual(model: PipelineModel, g: np.ndarray, throughput: float, steady: np.ndarray) -> float:
