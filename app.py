@@ -55,8 +55,10 @@ def _analyze(args) -> int:
             result = analyze_by_rank(args.trial, client=dask_client, processes=options.pop("processes"),
                                      outlier_factor=args.outlier_factor, cache_dir=args.cache_dir, **options)
         else:
+            # assess: the report shows the verdict and budget anyway, and computing them first
+            # lowers the process's peak (see dashboard.analyze).
             result = analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor,
-                             file_cache=file_cache, dask_client=dask_client, **_load_options(args))
+                             assess=True, file_cache=file_cache, dask_client=dask_client, **_load_options(args))
     except TrialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ child processes (a training job's DataLoader workers, say) do not inherit it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -46,15 +47,22 @@ def release_unused() -> None:
     import pyarrow
 
     pyarrow.default_memory_pool().release_unused()
-    _trim_c_heap()
+    trim_c_heap()
 
 
-def _trim_c_heap() -> None:
+def trim_c_heap() -> None:
+    """Hands back the pages glibc's heap holds free, wherever they lie in it (malloc_trim)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim this way
-        return
-    trim(0)
+        return None
 
 
 _import_pyarrow_purging()

@@ -185,3 +185,31 @@ def test_batchtime_of_a_trial_without_getnext():
     result = analyze_batchtime(frame)
     assert result.count == 0 and result.median_s is None and result.outliers.empty
     assert iterator_segments(frame).empty
+
+
+@pytest.mark.parametrize("trial", ["sample", "job"])
+def test_an_assessment_computed_first_is_the_one_computed_when_asked(trial, tmp_path):
+    """`analyze(assess=True)` (the command line's order: it lowers the peak memory) gives the
+    same answers as the assessment computed when first asked for, on the bundled sample (a
+    collector trial with fetch events) and on a job of 8 ranks with a slow one."""
+    import json
+    import os
+
+    from dashboard.report import to_dict
+    from dashboard.synthetic import write_job
+    from tests.conftest import ROOT
+
+    if trial == "sample":
+        folder = os.path.join(ROOT, "examples", "sample-trial", "trial")
+    else:
+        folder = str(tmp_path)
+        write_job(folder, hosts=2, ranks_per_host=4, slow_rank=5, seed=2)
+    loaded = dashboard.load_trial(folder)
+    first = dashboard.analyze(loaded, assess=True)
+    later = dashboard.analyze(loaded)
+    assert "assessment" in first.__dict__ and "assessment" not in later.__dict__
+    first_dict, later_dict = to_dict(first), to_dict(later)
+    assert first_dict["budget"] and first_dict["verdict"]["input_percent"] is not None
+    assert json.dumps(first_dict, sort_keys=True) == json.dumps(later_dict, sort_keys=True)
+    # The what-if the assessment answers later too, from its own models.
+    assert first.what_if({"num_workers": 8}) == later.what_if({"num_workers": 8})

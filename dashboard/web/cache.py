@@ -589,7 +589,8 @@ class TrialCache:
     def assessment(self, key: str, trial: Trial, node: str | None = None,
                    factor: float = DEFAULT_OUTLIER_FACTOR) -> diagnosis.Assessment:
         """The input-bound verdict and recommendations of a cached trial (or one node of it),
-        computed once."""
+        computed once. Best asked before analysis(): its working memory is then freed before
+        the analysis holds its copies of the events (dashboard.analyze's `assess`)."""
         def assess() -> diagnosis.Assessment:
             part = trial.for_node(node)
             return diagnosis.assess(part.framework, part.system, factor)

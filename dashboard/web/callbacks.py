@@ -80,8 +80,8 @@ def get_view(context: Context, key: str, node: str | None) -> views.TrialView:
 
     def build():
         trial = whole_trial(context, key)
+        assessment = context.cache.assessment(key, trial, node)  # first: see TrialCache.assessment
         analysis = context.cache.analysis(key, trial, node)
-        assessment = context.cache.assessment(key, trial, node)
         return views.trial_view(trial, node, analysis=analysis, key=key, assessment=assessment)
 
     return context.cache.memo(f"view:{key}:{node or ''}", build)
@@ -229,8 +229,8 @@ def register_callbacks(app, context: Context) -> None:
                                                         max_bytes=context.max_bytes, max_events=context.max_events)
                 set_progress(("1", "1", "Analyzing…"))
                 for part in parts:
+                    context.cache.assessment(key, trial, part)  # first: see TrialCache.assessment
                     context.cache.analysis(key, trial, part)
-                    context.cache.assessment(key, trial, part)
                 span, not_kept = (trial.start_us, trial.end_us), context.cache.not_kept()
         except TrialError as exc:
             return no_update, views.load_error_text(exc)
@@ -665,8 +665,8 @@ def register_compare_callbacks(app, context: Context) -> None:
         try:
             key, trial, _ = context.cache.load(path, roots=context.roots, s3_buckets=context.s3_buckets,
                                                max_bytes=context.max_bytes, max_events=context.max_events)
+            context.cache.assessment(key, trial, None)  # first: see TrialCache.assessment
             context.cache.analysis(key, trial, None)
-            context.cache.assessment(key, trial, None)
         except TrialError as exc:
             return no_update, views.load_error_text(exc)
         except Exception as exc:  # noqa: BLE001

@@ -302,6 +302,10 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     if segments:
         recreated[:] = not persistent
         recreated[0] = True
+    del recorded
+    # Before the model's own per-batch arrays exist: its temporaries were the assessment's peak
+    # (at 300k GetNexts, 8 MB on top of the 40 MB the model then held).
+    startup_compute = _startup_compute(compute, segment, index, recreated) if workers else 0.0
     settings = Settings(workers, loader.prefetch_factor, loader.in_order, persistent)
     matched = _fetch_matches(loader, process.fetches) if workers else None
     service = np.full(n, np.nan)
@@ -356,6 +360,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         service, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
             workers * loader.prefetch_factor, first_ask, recreated)
+    del ask, ret, matched  # (the matched fetches' columns: copied above where needed)
     if workers:
         # Batches without a measured or inferred service: their worker's median, else all.
         overall = _median(service) or 0.0
@@ -440,7 +445,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         model.latency_base_us = np.maximum(base - cpu_base * sigma, 0.0)
         model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
     model.contention = contention
-    model.startup_compute_us = _startup_compute(compute, segment, index, recreated) if workers else 0.0
+    model.startup_compute_us = startup_compute
     model.replay_segments, model.replay_scale, model.replay_cap, model.replay_beyond = _sample(segment, segments)
     model.today_waits = replay_waits(model, settings)
     model.today_us = _total(model, model.today_waits)
