@@ -305,6 +305,30 @@ def test_a_second_server_shows_a_warm_trials_first_page_without_reading_the_tria
         second.stop()
 
 
+def test_the_load_job_draws_the_first_page_so_the_server_process_never_reads_the_trial(tmp_path):
+    """The load job (a process of its own) draws and keeps the first page's parts. Proof that the
+    server process reads no trial for them: the trial's own entry is made unreadable as soon as
+    the load ends, before the page asks for anything; the panels, the first window and the ranks
+    then show, with the numbers written, and no error."""
+    data = tmp_path / "data"
+    trial = str(data / "trial")
+    written = write_trial(trial, hosts=2, epochs=2, train_batches=40)
+    cache = tmp_path / "cache"
+    (server,) = start_servers(tmp_path, 1, "serve", "--cache-dir", str(cache), "--data-root", str(data))
+    try:
+        page = server.page()
+        store = loaded_store(load(page, trial))
+        with diskcache.Cache(os.path.join(str(cache), "trials")) as disk:
+            disk[f"trial:{store['key']}"] = Unreadable()
+        drawn = first_page(page, store)
+        errors = {k: v for k, v in drawn["shown"].items() if "error" in k and v}
+        assert not errors, errors
+        assert {k: drawn["shown"][k] for k in counts(written)} == counts(written)
+        assert drawn["shown"]["window-graph.figure"]["data"] and drawn["shown"]["rank-heatmap.figure"]["data"]
+    finally:
+        server.stop()
+
+
 def test_a_load_starting_while_another_request_holds_the_job_store_completes(tmp_path):
     """Background loads are forked from the server process. A fork while another thread of it
     is inside an SQLite transaction of the shared job store leaves the child with that lock

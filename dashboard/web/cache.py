@@ -619,6 +619,10 @@ class TrialCache:
         trial back; from its parts, 0.4 s in all)."""
         return self._once(f"{PAGE_PART}{CODE_VERSION}:{name}", compute)[0]
 
+    def kept_page_part(self, name: str):
+        """A part page_part() kept (computed by any server process), or None: never computed here."""
+        return self._get(f"{PAGE_PART}{CODE_VERSION}:{name}")
+
     def memo(self, name: str, compute: Callable[[], object]):
         """An object derived from cached data, kept in this process's memory only."""
         value = self.memory.get(name)
@@ -626,6 +630,10 @@ class TrialCache:
             value = compute()
             self.memory.put(name, value)
         return value
+
+    def memoized(self, name: str) -> bool:
+        """Whether memo(name) holds its object in this process's memory now."""
+        return self.memory.get(name) is not None
 
     def close(self) -> None:
         self.disk.close()

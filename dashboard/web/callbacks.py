@@ -21,8 +21,9 @@ from dash import ALL, Input, Output, State, ctx, dcc, no_update
 from ..analysis.compare import Side, compare
 from ..analysis import ranks
 from ..analysis.diagnosis import parse_what_if
-from ..trial.errors import TrialError
+from ..trial.errors import TrialError, size_text
 from ..trial.frames import host_of
+from ..trial import window_files
 from ..trial.load import Trial
 from ..trial.store import fingerprint, open_store
 from . import compare_page, views
@@ -48,6 +49,9 @@ class Context:
     s3_buckets: Sequence[str] | None = None
     max_bytes: int | None = None  # trials over these are refused (TrialTooLargeError)
     max_events: int | None = None
+    # Bytes of events beyond which a trial's windows read only the files they reach (None: any
+    # trial is held whole).
+    event_budget: int | None = None
 
 
 def queued_progress(limit: int):
@@ -87,18 +91,94 @@ def get_view(context: Context, key: str, node: str | None) -> views.TrialView:
     return context.cache.memo(f"view:{key}:{node or ''}", build)
 
 
+# What a server process holds to draw windows from a whole trial, per byte of its frames: the
+# frames, the analyses' copies of the GetNexts and the view's series. A warm server's RSS grew by
+# 1.24 GB drawing a drag of the 3M-GetNext trial, whose frames count 783 MB (bench/first_page.py).
+WHOLE_VIEW_PER_EVENT_BYTE = 1.6
+# What reading a window's files peaks at, per byte of the window's frames (the files' tables and
+# the frames built from them): reading every file of that trial as one window peaked 1.10 GB
+# above what the process held before, for its 783 MB of frames.
+WINDOW_READ_PER_EVENT_BYTE = 1.4
+
+
+class WindowNotDrawn(Exception):
+    """A window of a trial over the event budget that cannot be drawn: the message says why."""
+
+
 def draw_window(context: Context, key: str, node: str | None, start_us: int, end_us: int, select_events,
                 select_dimensions, loader: str | None, selected: dict | None) -> dict:
     """views.window_payload of a cached trial's view. Every batch of the loader drawn is kept on
     the disk, as the page parts: a new server process's first drag of a 3M-GetNext trial spent
-    1.1 s computing them."""
+    1.1 s computing them.
+
+    A trial over the event budget that this process does not hold is not read back whole: the
+    window reads the files it reaches (_draw_window_from_files). WindowNotDrawn when the window
+    alone is over the budget, or its files cannot be read again."""
+    drawn = _draw_window_from_files(context, key, node, start_us, end_us, select_events, select_dimensions,
+                                    loader, selected)
+    if drawn is not None:
+        return drawn
     view = get_view(context, key, node)
     row = views.selected_loader(view, loader)
     if row is not None and row["key"] not in view.loader_batches:
         view.loader_batches[row["key"]] = context.cache.page_part(
-            f"loader-batches:{key}:{node or ''}:{row['key']}", lambda: views.loader_batches_of(view, row))
+            _loader_batches_name(key, node, row), lambda: views.loader_batches_of(view, row))
+    if context.event_budget is not None:  # what the next process's drags take instead of the view
+        context.cache.page_part(_window_base_name(key, node), lambda: views.window_base(view))
     return views.window_payload(view, start_us, end_us, select_events, select_dimensions, loader=loader,
                                 selected=selected)
+
+
+def keep_trial_files(context: Context, key: str, trial: Trial, listing) -> None:
+    """Keeps what a drag of a trial over the event budget reads its window's files with (a page
+    part: any server process finds it), when the trial was loaded whole from `listing`."""
+    if context.event_budget is not None and trial.report.complete:
+        context.cache.page_part(f"trial-files:{key}", lambda: window_files.trial_files(trial, listing))
+
+
+def _loader_batches_name(key: str, node: str | None, row: dict) -> str:
+    return f"loader-batches:{key}:{node or ''}:{row['key']}"
+
+
+def _window_base_name(key: str, node: str | None) -> str:
+    return f"window-base:{key}:{node or ''}"
+
+
+def _draw_window_from_files(context: Context, key: str, node: str | None, start_us: int, end_us: int,
+                            select_events, select_dimensions, loader: str | None, selected: dict | None):
+    """The window's payload from the events of the files it reaches, for a trial over the event
+    budget; None where the whole trial's view is to be used: no budget, a trial within it, one
+    this process holds (its view costs nothing more), or one whose parts (its files and window
+    base, kept when it was loaded and first drawn) the cache no longer has."""
+    if context.event_budget is None or context.cache.memoized(f"view:{key}:{node or ''}"):
+        return None
+    files = context.cache.kept_page_part(f"trial-files:{key}")  # (keep_trial_files)
+    if files is None or files.nbytes * WHOLE_VIEW_PER_EVENT_BYTE <= context.event_budget:
+        return None
+    base = context.cache.kept_page_part(_window_base_name(key, node))
+    if base is None:
+        return None
+    row = views.loader_row(base.budget_rows, loader)
+    batches = {}
+    if row is not None:
+        batches[row["key"]] = context.cache.kept_page_part(_loader_batches_name(key, node, row))
+        if batches[row["key"]] is None:
+            return None
+    lo, hi = int(start_us) - base.sample_gap_us, int(end_us) + base.sample_gap_us
+    needed = int(files.window_nbytes(lo, hi) * WINDOW_READ_PER_EVENT_BYTE)
+    if needed > context.event_budget:
+        raise WindowNotDrawn(
+            f"This window's events take about {size_text(needed)} to read, more than the "
+            f"server's event budget ({size_text(context.event_budget)}, --event-budget-mb): drag a "
+            f"narrower range on the overview.")
+    try:
+        trial = window_files.read_window(files, lo, hi, roots=context.roots, s3_buckets=context.s3_buckets,
+                                         file_cache=context.cache.files).for_node(node or None)
+    except (TrialError, OSError) as exc:  # its files gone since, or S3 failing
+        log.warning("reading the window's files of %s failed: %s", files.path, exc)
+        raise WindowNotDrawn(f"Reading the window's files failed ({type(exc).__name__}: {exc}).") from exc
+    return views.window_payload_of(base, trial, lambda chosen: batches[chosen["key"]], start_us, end_us,
+                                   select_events, select_dimensions, loader, selected)
 
 
 def _query(search: str | None) -> dict:
@@ -155,6 +235,44 @@ def _rank_waits(context: Context, key: str):
                                        lambda: ranks.rank_waits(whole_trial(context, key).framework))
     except TrialEvicted:
         return None
+
+
+# The parts of the panels drawn from a view of the trial (or of a node): page_part names.
+VIEW_PARTS = (("panels", views.panels), ("verdict", views.verdict_summary), ("budget", views.budget_view))
+
+
+def node_options_part(context: Context, key: str) -> list[dict]:
+    return context.cache.page_part(f"node-options:{key}", lambda: views.node_options(whole_trial(context, key)))
+
+
+def view_part(context: Context, key: str, node: str, name: str, draw):
+    return context.cache.page_part(f"{name}:{key}:{node}", lambda: draw(get_view(context, key, node)))
+
+
+def summary_part(context: Context, key: str) -> dict:
+    return context.cache.page_part(f"summary:{key}", lambda: views.summary(whole_trial(context, key)))
+
+
+def first_window_part(context: Context, key: str, node: str | None, start_us: int, end_us: int, draw) -> dict:
+    """The window a page opens with (views.first_window), drawn by draw() once."""
+    return context.cache.page_part(f"window:{key}:{node or ''}:{start_us}:{end_us}", draw)
+
+
+def draw_first_page(context: Context, key: str, nodes, span: tuple[int, int]) -> None:
+    """Draws what a page of the trial first shows (for each of `nodes`: the panels, the window
+    of the whole job; and the trial's summary, hosts and ranks) and keeps it, as the page's own
+    callbacks would. The load job runs it in its own process, which holds the trial already and
+    whose memory goes with it: the server process then shows the page from these parts and never
+    holds the whole trial (a cold 3M-GetNext trial's first page left it at 1.7 GB)."""
+    node_options_part(context, key)
+    summary_part(context, key)
+    _rank_waits(context, key)
+    for node in nodes:
+        node = node or ""
+        for name, draw in VIEW_PARTS:
+            view_part(context, key, node, name, draw)
+        first_window_part(context, key, node, *span,
+                          lambda node=node: draw_window(context, key, node, *span, ".*", ".*", None, None))
 
 
 def register_callbacks(app, context: Context) -> None:
@@ -231,7 +349,14 @@ def register_callbacks(app, context: Context) -> None:
                 for part in parts:
                     context.cache.assessment(key, trial, part)  # first: see TrialCache.assessment
                     context.cache.analysis(key, trial, part)
+                keep_trial_files(context, key, trial, listing[2])
                 span, not_kept = (trial.start_us, trial.end_us), context.cache.not_kept()
+                if not_kept is None and trial.report.complete:
+                    set_progress(("1", "1", "Drawing the page…"))
+                    try:
+                        draw_first_page(context, key, parts, span)
+                    except Exception:  # noqa: BLE001 - the page's callbacks draw it, and say what fails
+                        log.exception("drawing the first page of %s in its load failed", path)
         except TrialError as exc:
             return no_update, views.load_error_text(exc)
         except Exception as exc:  # noqa: BLE001 - the page gets a message, the log the traceback
@@ -277,19 +402,14 @@ def register_callbacks(app, context: Context) -> None:
         try:
             check_held(context, key)
             # Drawn once and kept on the disk (cache.page_part): a warm trial's page reads no trial back.
-            options = context.cache.page_part(f"node-options:{key}",
-                                              lambda: views.node_options(whole_trial(context, key)))
+            options = node_options_part(context, key)
             if ctx.triggered_id == Ids.TRIAL_STORE and store.get("node") is not None:
                 node = store.get("node") or ""
             if node not in {o["value"] for o in options}:
                 node = ""
 
-            def of_view(name: str, draw):
-                return context.cache.page_part(f"{name}:{key}:{node}", lambda: draw(get_view(context, key, node)))
-
-            p, verdict, budget = (of_view("panels", views.panels), of_view("verdict", views.verdict_summary),
-                                  of_view("budget", views.budget_view))
-            summary = context.cache.page_part(f"summary:{key}", lambda: views.summary(whole_trial(context, key)))
+            p, verdict, budget = (view_part(context, key, node, name, draw) for name, draw in VIEW_PARTS)
+            summary = summary_part(context, key)
         except TrialEvicted:
             return [no_update] * (len(panel_outputs) - 1) + [EVICTED]
         except Exception as exc:  # noqa: BLE001
@@ -400,11 +520,13 @@ def register_callbacks(app, context: Context) -> None:
             check_held(context, key)
             if views.first_window(store, window, select_events, select_dimensions, loader):
                 # The window a page opens with: drawn once and kept on the disk, as the panels.
-                payload = context.cache.page_part(f"window:{key}:{node or ''}:{start}:{end}", draw)
+                payload = first_window_part(context, key, node, start, end, draw)
             else:
                 payload = draw()
         except TrialEvicted:
             return no_update, no_update, no_update, EVICTED
+        except WindowNotDrawn as exc:
+            return no_update, no_update, views.window_text(start, end), str(exc)
         except Exception as exc:  # noqa: BLE001
             return no_update, no_update, no_update, _unexpected("Drawing the window", exc)
         return payload["window_figure"], payload["overview_figure"], payload["window_range"], ""

@@ -13,6 +13,9 @@ MB = 1_000_000  # decimal megabytes, as the load errors print sizes
 # 100,000 tiny files held a load for minutes. A day of an 8-node job, writing a framework and a
 # system file a minute on each node, is 23,040 files.
 DEFAULT_MAX_FILES = 50_000
+# A trial whose frames take more than this is not held whole to draw its windows: each drag
+# reads the files the window reaches (dashboard/trial/window_files.py).
+DEFAULT_EVENT_BUDGET_MB = 1024
 
 
 def default_max_loads() -> int:
@@ -59,6 +62,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-files", type=limit, default=DEFAULT_MAX_FILES, metavar="N",
                         help=f"refuse to load a trial of more files than this (default {DEFAULT_MAX_FILES:,}; "
                              f"0: no limit; under gunicorn: DASHBOARD_MAX_FILES)")
+    parser.add_argument("--event-budget-mb", type=limit, default=DEFAULT_EVENT_BUDGET_MB, metavar="MB",
+                        help=f"a trial whose events take more memory than this is not held whole to draw "
+                             f"its timeline: each window reads only the files it reaches, from the cache "
+                             f"folder's parsed columns, and a window over this much is refused (default "
+                             f"{DEFAULT_EVENT_BUDGET_MB}; 0: no budget, trials are held whole; under "
+                             f"gunicorn: DASHBOARD_EVENT_BUDGET_MB)")
     parser.add_argument("--max-loads", type=limit, default=None, metavar="N",
                         help="run at most N trial loads at once, counting every server process that "
                              "shares the cache folder; later ones wait in line, holding no process, and "

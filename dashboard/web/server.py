@@ -27,7 +27,8 @@ from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
 from .callbacks import Context, queued_progress, register_callbacks
 from .jobs import QueueingManager
 from .layout import build_layout
-from .options import DEFAULT_MAX_EVENTS, DEFAULT_MAX_FILES, DEFAULT_MAX_TRIAL_MB, MB, default_max_loads, limit
+from .options import (DEFAULT_EVENT_BUDGET_MB, DEFAULT_MAX_EVENTS, DEFAULT_MAX_FILES, DEFAULT_MAX_TRIAL_MB, MB,
+                      default_max_loads, limit)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_TRIAL = os.path.join(REPO_ROOT, "examples", "sample-trial", "trial")
@@ -64,6 +65,7 @@ class ServerOptions:
     max_trial_mb: int = DEFAULT_MAX_TRIAL_MB  # 0: no limit
     max_events: int = DEFAULT_MAX_EVENTS  # 0: no limit
     max_files: int = DEFAULT_MAX_FILES  # 0: no limit
+    event_budget_mb: int = DEFAULT_EVENT_BUDGET_MB  # 0: none (every trial held whole)
     # Background loads run at once, by every server process of the cache folder; 0: no limit.
     max_loads: int = field(default_factory=default_max_loads)
     # Host header names answered ('*': any); None: the loopback names when `host` is a loopback
@@ -81,6 +83,10 @@ class ServerOptions:
     @property
     def max_files_limit(self) -> int | None:
         return self.max_files or None
+
+    @property
+    def event_budget_bytes(self) -> int | None:
+        return self.event_budget_mb * MB if self.event_budget_mb else None
 
     def host_allow_list(self) -> list[str] | None:
         """The Host names requests may carry; None: any."""
@@ -113,7 +119,8 @@ def options_from_args(args) -> ServerOptions:
                          cache_size_mb=args.cache_size_mb, data_roots=list(args.data_root or []),
                          s3_buckets=args.s3_bucket, dev_debug=bool(args.dev_debug),
                          max_trial_mb=args.max_trial_mb, max_events=args.max_events,
-                         max_files=args.max_files, allowed_hosts=args.allowed_host,
+                         max_files=args.max_files, event_budget_mb=args.event_budget_mb,
+                         allowed_hosts=args.allowed_host,
                          max_loads=default_max_loads() if args.max_loads is None else args.max_loads)
 
 
@@ -140,7 +147,8 @@ def _default_hosts(listening: list[str]) -> list[str]:
 def options_from_environment(environ=None) -> ServerOptions:
     """DASHBOARD_TRIAL, DASHBOARD_CACHE_DIR, DASHBOARD_CACHE_SIZE_MB, DASHBOARD_DATA_ROOTS
     (os.pathsep-separated), DASHBOARD_S3_BUCKETS (comma-separated), DASHBOARD_MAX_TRIAL_MB,
-    DASHBOARD_MAX_EVENTS, DASHBOARD_MAX_FILES, DASHBOARD_MAX_LOADS (0: no limit), DASHBOARD_ALLOWED_HOSTS
+    DASHBOARD_MAX_EVENTS, DASHBOARD_MAX_FILES, DASHBOARD_MAX_LOADS, DASHBOARD_EVENT_BUDGET_MB (0: no
+    limit), DASHBOARD_ALLOWED_HOSTS
     (comma-separated; default: the loopback names where the worker listens on loopback only, else
     any). The debugger is never turned on from the environment."""
     environ = os.environ if environ is None else environ
@@ -154,6 +162,7 @@ def options_from_environment(environ=None) -> ServerOptions:
                          max_trial_mb=_limit(environ, "DASHBOARD_MAX_TRIAL_MB", DEFAULT_MAX_TRIAL_MB),
                          max_events=_limit(environ, "DASHBOARD_MAX_EVENTS", DEFAULT_MAX_EVENTS),
                          max_files=_limit(environ, "DASHBOARD_MAX_FILES", DEFAULT_MAX_FILES),
+                         event_budget_mb=_limit(environ, "DASHBOARD_EVENT_BUDGET_MB", DEFAULT_EVENT_BUDGET_MB),
                          max_loads=_limit(environ, "DASHBOARD_MAX_LOADS", default_max_loads()),
                          allowed_hosts=hosts or _default_hosts(listening_hosts()))
 
@@ -261,7 +270,8 @@ def create_app(options: ServerOptions) -> dash.Dash:
 
     register_callbacks(app, Context(cache=trials, default_trial=options.default_trial,
                                     roots=options.allowed_roots(), s3_buckets=options.s3_buckets,
-                                    max_bytes=options.max_bytes, max_events=options.max_events_limit))
+                                    max_bytes=options.max_bytes, max_events=options.max_events_limit,
+                                    event_budget=options.event_budget_bytes))
     return app
 
 

@@ -196,7 +196,11 @@ def stall_threshold_us(view: TrialView) -> float | None:
 def selected_loader(view: TrialView, loader: str | None) -> dict | None:
     """The loader whose batches the window draws: the one `loader` (the what-if's selector
     value, loader_key()) names, else the training loader that waits most; None without one."""
-    rows = budget_rows(view)
+    return loader_row(budget_rows(view), loader)
+
+
+def loader_row(rows: list[dict], loader: str | None) -> dict | None:
+    """selected_loader among budget_rows()."""
     if not rows:
         return None
     chosen = [row for row in rows if row["key"] == loader]
@@ -213,12 +217,33 @@ def loader_batches_of(view: TrialView, row: dict) -> per_batch.LoaderBatches:
     return view.loader_batches[key]
 
 
+@dataclass
+class WindowBase:
+    """What every window of a trial (or node) is drawn with beside its own events: a large
+    trial's drags read only the window's files (dashboard/trial/window_files.py) and take this
+    from the page's parts, not from the whole trial."""
+    key: str
+    overview: figures.OverviewSeries
+    sample_gap_us: int
+    stall_us: float | None
+    budget_rows: list[dict]
+
+
+def window_base(view: TrialView) -> WindowBase:
+    return WindowBase(view.key, view.overview, view.sample_gap_us, stall_threshold_us(view), budget_rows(view))
+
+
 def batch_bars(view: TrialView, loader: str | None, start_us: int, end_us: int) -> figures.BatchBars | None:
     """The selected loader's wait against compute inside the window, as the figure draws it."""
-    row = selected_loader(view, loader)
+    return _batch_bars(budget_rows(view), lambda row: loader_batches_of(view, row), loader, start_us, end_us)
+
+
+def _batch_bars(rows: list[dict], batches_of, loader: str | None, start_us: int,
+                end_us: int) -> figures.BatchBars | None:
+    row = loader_row(rows, loader)
     if row is None:
         return None
-    shown = per_batch.buckets(loader_batches_of(view, row), start_us, end_us, MAX_BATCH_BARS)
+    shown = per_batch.buckets(batches_of(row), start_us, end_us, MAX_BATCH_BARS)
     return figures.BatchBars(row["label"], shown.start_us, shown.end_us, shown.wait_us, shown.compute_us,
                              shown.batches, shown.first)
 
@@ -229,22 +254,32 @@ def window_payload(view: TrialView, start_us: int, end_us: int, select_events: s
     """Everything a new window sends: the detail timeline (with the `loader`'s batches and the
     `selected` outlier, {start_us, end_us, label}, marked), the overview with the window on it,
     and the range text. ValueError (naming the pattern) for an invalid regular expression."""
+    return window_payload_of(window_base(view), view.trial, lambda row: loader_batches_of(view, row), start_us,
+                             end_us, select_events, select_dimensions, loader, selected)
+
+
+def window_payload_of(base: WindowBase, trial: Trial, batches_of, start_us: int, end_us: int,
+                      select_events: str | None = ".*", select_dimensions: str | None = ".*",
+                      loader: str | None = None, selected: dict | None = None) -> dict:
+    """window_payload of a trial's window base and its events (the whole trial's, or those of
+    the files the window reaches: the same payload); batches_of(budget row): that loader's
+    batches (per_batch.loader_batches)."""
     start_us, end_us = int(start_us), int(end_us)
     # One sampling interval more on each side: metric lines then cross the window's edges.
-    pad = view.sample_gap_us
-    window = view.analysis.window(start_us - pad, end_us + pad, _patterns(select_events),
-                                  _patterns(select_dimensions))
-    revision = view.key or "trial"
+    pad = base.sample_gap_us
+    window = dataloader.window(trial.framework, trial.system, start_us - pad, end_us + pad,
+                               _patterns(select_events), _patterns(select_dimensions))
+    revision = base.key or "trial"
     window_revision = f"{revision}:{start_us}:{end_us}"
-    stall_us = stall_threshold_us(view)
+    stall_us = base.stall_us
     # The batches go with the GetNexts they come from: an events filter that hides those hides them.
     shows_getnext = bool(len(window.framework)) and bool((window.framework["kind"] == fmt.KIND_GETNEXT).any())
-    bars = batch_bars(view, loader, start_us, end_us) if shows_getnext else None
+    bars = _batch_bars(base.budget_rows, batches_of, loader, start_us, end_us) if shows_getnext else None
     return {
         "window_figure": figures.window_figure_spec(window, uirevision=revision, x_range=(start_us, end_us),
                                                     range_revision=window_revision, stall_us=stall_us,
                                                     selected=selected, batches=bars),
-        "overview_figure": figures.overview_figure_spec(view.overview, (start_us, end_us), uirevision=revision,
+        "overview_figure": figures.overview_figure_spec(base.overview, (start_us, end_us), uirevision=revision,
                                                         range_revision=window_revision, stall_us=stall_us,
                                                         selected=selected),
         "window_range": window_text(start_us, end_us),
