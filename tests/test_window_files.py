@@ -186,3 +186,34 @@ def test_a_new_server_process_draws_a_drag_of_a_trial_over_its_event_budget_from
         assert second.alive()
     finally:
         second.stop()
+
+
+def test_a_window_whose_files_are_gone_says_so_instead_of_drawing_part_of_it(loaded, tmp_path):
+    """A file the load read, no longer in the columnar cache and gone from the trial: the window
+    is not drawn from the files that are left."""
+    from dashboard.trial.errors import TrialError
+
+    folder, cache, key, trial, files = loaded
+    copy = str(tmp_path / "trial")
+    shutil.copytree(folder, copy)
+    copied, listing = dashboard_load(copy)
+    copied_files = window_files.trial_files(copied, listing)
+    gone = copied_files.files[0]
+    os.remove(os.path.join(copy, gone.key))
+    with pytest.raises(TrialError, match="could not be read again"):
+        window_files.read_window(copied_files, int(copied_files.first_us[0]), int(copied_files.last_us[0]),
+                                 roots=[copy])
+    # The files that are left still draw the windows that do not reach the gone one.
+    elsewhere = [int(t) for t in copied_files.last_us if not copied_files.reaching(int(t), int(t))[0]]
+    for moment in elsewhere[:3]:
+        part = window_files.read_window(copied_files, moment, moment, roots=[copy])
+        assert part.report.files_read and gone.key not in part.report.read_paths
+
+
+def dashboard_load(folder: str):
+    """A trial loaded whole, without a file cache, and the listing it was loaded from."""
+    from dashboard.trial.load import load_trial
+    from dashboard.trial.store import open_store
+
+    listing = open_store(folder, roots=[folder]).list()
+    return load_trial(folder, roots=[folder], files=listing), listing

@@ -19,6 +19,7 @@ from typing import MutableMapping, Sequence
 import numpy as np
 import pandas as pd
 
+from .errors import TrialError
 from .load import Trial, load_trial
 from .store import FileInfo
 
@@ -78,7 +79,8 @@ def read_window(files: TrialFiles, start_us: int, end_us: int, *, roots: Sequenc
                 s3_buckets: Sequence[str] | None = None, file_cache: MutableMapping | None = None) -> Trial:
     """The trial's events of the files that reach into [start_us, end_us] (their parses from
     `file_cache` where it keeps them, else read again): the whole trial's events in that window
-    are among them, with the same values. TrialError as load_trial's, when none can be read."""
+    are among them, with the same values. TrialError as load_trial's, and when a file the load
+    read cannot be read again (its parse no longer cached, and the file gone or changed)."""
     chosen = [info for info, reaches in zip(files.files, files.reaching(start_us, end_us)) if reaches]
     if not chosen:
         from .frames import empty_framework_frame, system_frame
@@ -87,6 +89,10 @@ def read_window(files: TrialFiles, start_us: int, end_us: int, *, roots: Sequenc
         return Trial(files.path, empty_framework_frame(), system_frame([]), LoadReport())
     trial = load_trial(files.path, roots=roots, s3_buckets=s3_buckets, files=chosen, file_cache=file_cache,
                        center_us=files.center_us)
+    if trial.report.files_skipped:  # read by the load, not now (gone, or unreadable): not that window
+        missed = trial.report.files_skipped
+        raise TrialError(f"{files.path}: {len(missed)} of the window's {len(chosen)} files could not be read "
+                         f"again ({missed[0].path}: {missed[0].reason}); press Load to read the trial anew")
     _keep_identity(trial.framework, files.identity)
     return trial
 
