@@ -170,10 +170,14 @@ def test_a_forked_load_hands_back_each_table_as_the_frame_takes_it_over(tmp_path
             return frame
 
         frames.framework_frame = measured
+        parses = []  # the files parsed in the forked processes
+        submit = load.ForkedWorkers.submit
+        load.ForkedWorkers.submit = lambda self, fn, *args, **kw: parses.append(fn) or submit(self, fn, *args, **kw)
         trial = load.load_trial({str(tmp_path)!r}, processes=2)
-        found["events"] = len(trial.framework)
+        found.update(events=len(trial.framework), forked=len(parses))
         print(json.dumps(found))
     """))
     assert found["events"] == 320_010
+    assert found["forked"] > 40  # (every file, not parsed in this process: else nothing came pickled)
     assert found["tables"] > 25  # (the pickled buffers the frame is built from)
     assert found["peak"] - found["before"] < found["tables"] / 2, found

@@ -252,9 +252,18 @@ def first_page(page: DashSession, store: dict) -> dict:
     heatmap = page.call(page.find("rank-heatmap.figure"),
                         {"trial-store.data": store, "rank-order.value": "host", "window-store.data": window},
                         ["trial-store.data"])
-    for result in (drawn, heatmap):
+    # The what-if fires on every load too (today's bars), and on a change of its settings.
+    what_if = {"what-if-num-workers.value": None, "what-if-prefetch-factor.value": None,
+               "what-if-in-order.value": "", "what-if-persistent-workers.value": "",
+               "what-if-loader.value": "", "trial-store.data": store, "node-select.value": ""}
+    today = page.call(page.find("what-if-graph.figure"), what_if, ["trial-store.data"])
+    doubled = page.call(page.find("what-if-graph.figure"), {**what_if, "what-if-num-workers.value": 8},
+                        ["what-if-num-workers.value"])
+    for result in (drawn, heatmap, today):
         assert result.status == 200, result.text[:300]
         shown.update(result.values)
+    assert doubled.status == 200 and not doubled.values.get("what-if-error.children"), doubled.text[:300]
+    shown["what-if-8-workers"] = doubled.values["what-if-result.children"]
     return {"shown": shown, "window": window}
 
 

@@ -2,6 +2,7 @@
 (dashboard/trial/window_files.py): the payload a drag draws is the one the whole trial gives."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 from plotly.io.json import to_json_plotly
 
+from dashboard.analysis import dataloader
 from dashboard.synthetic import write_job, write_trial
 from dashboard.trial import window_files
 from dashboard.web import callbacks, views
@@ -69,13 +71,21 @@ def test_the_files_a_window_reaches_give_the_whole_trials_payload(loaded):
         for lo, hi in _windows(trial, files):
             pad = base.sample_gap_us
             part = window_files.read_window(files, lo - pad, hi + pad, roots=[folder], file_cache=cache.files)
-            narrower += len(part.report.read_paths) < len(files.files)
+            narrower += 0 < len(part.report.read_paths) < len(files.files)
+            # The window's frames are the whole trial's, rows, values and types (categories in order).
+            mine = window_files.window_part(files, part, node)
+            for windowed, whole in zip(
+                    (dataloader.window(mine.framework, mine.system, lo - pad, hi + pad).framework,
+                     dataloader.window(mine.framework, mine.system, lo - pad, hi + pad).system),
+                    (dataloader.window(view.trial.framework, view.trial.system, lo - pad, hi + pad).framework,
+                     dataloader.window(view.trial.framework, view.trial.system, lo - pad, hi + pad).system)):
+                pd.testing.assert_frame_equal(windowed, whole)
             # Each process keeps the whole trial's rank and local rank (the collector writes them on
             # the iterators' creation only, which a window may not reach).
             assert _identities(part.framework).items() <= _identities(trial.framework).items()
             for events, loader in ((".*", None), ("GetNext", view.assessment.budget and views.budget_rows(view)[-1]["key"])):
                 whole = views.window_payload(view, lo, hi, events, ".*", loader=loader)
-                windowed = views.window_payload_of(base, part.for_node(node), lambda row: views.loader_batches_of(view, row),
+                windowed = views.window_payload_of(base, mine, lambda row: views.loader_batches_of(view, row),
                                                    lo, hi, events, ".*", loader)
                 assert to_json_plotly(windowed) == to_json_plotly(whole), (node, lo, hi, events)
     assert narrower >= 3  # the narrow windows read only some of the files
@@ -101,13 +111,11 @@ def test_a_drag_of_a_trial_over_the_event_budget_reads_only_the_files_of_its_win
     """The server's path: the load keeps the trial's files, the page's first window (drawn from the
     whole trial) its window base and loader batches; another server process then draws a drag
     without reading the trial back, the same payload, and refuses a window over the budget."""
-    import dataclasses
-
     folder, cache, key, trial, files = loaded
     middle = (trial.start_us + trial.end_us) // 2
     lo, hi = middle - 100_000, middle + 100_000
-    # A budget this window fits in (padded as drawn, by a system sample's interval on each side:
-    # twice that here) and the trial does not.
+    # A budget this window fits in and the trial does not (the window is drawn padded by a system
+    # sample's interval on each side: the budget here takes two, to be clear of it).
     pad = 2 * views.trial_view(trial).sample_gap_us
     budget = int(files.window_nbytes(lo - pad, hi + pad) * callbacks.WINDOW_READ_PER_EVENT_BYTE)
     assert budget < files.nbytes * callbacks.WHOLE_VIEW_PER_EVENT_BYTE
@@ -129,10 +137,31 @@ def test_a_trial_whose_view_fits_the_budget_is_drawn_whole(loaded):
     without a budget too."""
     folder, cache, key, trial, files = loaded
     for budget in (files.nbytes * 2, None):
-        context = callbacks.Context(cache=cache, default_trial=folder, roots=[folder], event_budget=budget)
+        fresh = TrialCache(cache.directory)  # (a process that holds no view of it)
+        context = callbacks.Context(cache=fresh, default_trial=folder, roots=[folder], event_budget=budget)
         callbacks.keep_trial_files(context, key, trial, cache.listing(folder, roots=[folder])[2])
+        assert not fresh.memoized(f"view:{key}:")
         assert callbacks._draw_window_from_files(context, key, None, trial.start_us, trial.end_us, ".*", ".*",
                                                  None, None) is None
+    # (And over it, the same call draws from the files: what the two cases above are told apart from.)
+    fresh = TrialCache(cache.directory)
+    over = int(files.nbytes * callbacks.WHOLE_VIEW_PER_EVENT_BYTE) - 1  # (the view, a byte over)
+    context = callbacks.Context(cache=fresh, default_trial=folder, roots=[folder], event_budget=over)
+    callbacks.draw_window(dataclasses.replace(context, cache=cache), key, None, trial.start_us, trial.end_us,
+                          ".*", ".*", None, None)  # (keeps the window base, as the first page does)
+    middle = (trial.start_us + trial.end_us) // 2
+    assert callbacks._draw_window_from_files(context, key, None, middle, middle + 1_000, ".*", ".*",
+                                             None, None) is not None
+
+
+def test_a_process_scope_keeps_its_hosts_metrics_in_a_window_without_its_events(loaded):
+    folder, cache, key, trial, files = loaded
+    process = trial.processes[-1]
+    part = window_files.read_window(files, trial.start_us, trial.end_us, roots=[folder], file_cache=cache.files)
+    others = part.framework[(part.framework["process"] != process.id).to_numpy()].reset_index(drop=True)
+    without = window_files.window_part(files, dataclasses.replace(part, framework=others), process.id)
+    assert without.framework.empty
+    pd.testing.assert_frame_equal(without.system, trial.for_node(process.id).system)
 
 
 def test_a_new_server_process_draws_a_drag_of_a_trial_over_its_event_budget_from_the_files(tmp_path):

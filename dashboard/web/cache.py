@@ -597,6 +597,11 @@ class TrialCache:
 
         return self._once(_derived_name("assessment", key, node, factor), assess)[0]
 
+    def kept_assessment(self, key: str, node: str | None = None,
+                        factor: float = DEFAULT_OUTLIER_FACTOR) -> diagnosis.Assessment | None:
+        """assessment() as kept (by any server process), or None: never computed here."""
+        return self._get(_derived_name("assessment", key, node, factor))
+
     def holds(self, key: str) -> bool:
         """Whether trial(key) finds the trial (kept, or its files to read again): what a page
         drawn from it (page_part()) needs to stay more than a picture. (A trial kept only as its

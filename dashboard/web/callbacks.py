@@ -11,6 +11,7 @@ No exception reaches the browser: a trial that cannot be read gets its message i
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -101,8 +102,21 @@ WHOLE_VIEW_PER_EVENT_BYTE = 1.6
 WINDOW_READ_PER_EVENT_BYTE = 1.4
 
 
+_WINDOW_READS = threading.Lock()
+
+
 class WindowNotDrawn(Exception):
     """A window of a trial over the event budget that cannot be drawn: the message says why."""
+
+
+def get_assessment(context: Context, key: str, node: str | None):
+    """The assessment of a cached trial (or node), kept in this process's memory: the one the
+    cache kept, the trial read back only when it kept none (the what-if fires on every load:
+    reading the trial for it held the whole trial in the server process)."""
+    check_held(context, key)
+    return context.cache.memo(f"assessment:{key}:{node or ''}",
+                              lambda: context.cache.kept_assessment(key, node or None)
+                              or get_view(context, key, node).assessment)
 
 
 def draw_window(context: Context, key: str, node: str | None, start_us: int, end_us: int, select_events,
@@ -120,13 +134,19 @@ def draw_window(context: Context, key: str, node: str | None, start_us: int, end
         return drawn
     view = get_view(context, key, node)
     row = views.selected_loader(view, loader)
-    if row is not None and row["key"] not in view.loader_batches:
-        view.loader_batches[row["key"]] = context.cache.page_part(
-            _loader_batches_name(key, node, row), lambda: views.loader_batches_of(view, row))
-    if context.event_budget is not None:  # what the next process's drags take instead of the view
+    if row is not None:
+        keep_loader_batches(context, key, node, view, row)
+    if _over_budget(context, key) is not None:  # what the next process's drags take instead of the view
         context.cache.page_part(_window_base_name(key, node), lambda: views.window_base(view))
     return views.window_payload(view, start_us, end_us, select_events, select_dimensions, loader=loader,
                                 selected=selected)
+
+
+def keep_loader_batches(context: Context, key: str, node: str | None, view: views.TrialView, row: dict) -> None:
+    """The batches of a budget row's loader in the view, kept on the disk once (a page part)."""
+    if row["key"] not in view.loader_batches:
+        view.loader_batches[row["key"]] = context.cache.page_part(
+            _loader_batches_name(key, node, row), lambda: views.loader_batches_of(view, row))
 
 
 def keep_trial_files(context: Context, key: str, trial: Trial, listing) -> None:
@@ -134,6 +154,17 @@ def keep_trial_files(context: Context, key: str, trial: Trial, listing) -> None:
     part: any server process finds it), when the trial was loaded whole from `listing`."""
     if context.event_budget is not None and trial.report.complete:
         context.cache.page_part(f"trial-files:{key}", lambda: window_files.trial_files(trial, listing))
+
+
+def _over_budget(context: Context, key: str) -> window_files.TrialFiles | None:
+    """The kept files of a trial whose whole view would take more than the event budget; None
+    for one within it, without a budget, or whose files the cache no longer keeps."""
+    if context.event_budget is None:
+        return None
+    files = context.cache.kept_page_part(f"trial-files:{key}")  # (keep_trial_files)
+    if files is None or files.nbytes * WHOLE_VIEW_PER_EVENT_BYTE <= context.event_budget:
+        return None
+    return files
 
 
 def _loader_batches_name(key: str, node: str | None, row: dict) -> str:
@@ -150,10 +181,10 @@ def _draw_window_from_files(context: Context, key: str, node: str | None, start_
     budget; None where the whole trial's view is to be used: no budget, a trial within it, one
     this process holds (its view costs nothing more), or one whose parts (its files and window
     base, kept when it was loaded and first drawn) the cache no longer has."""
-    if context.event_budget is None or context.cache.memoized(f"view:{key}:{node or ''}"):
+    if context.cache.memoized(f"view:{key}:{node or ''}"):
         return None
-    files = context.cache.kept_page_part(f"trial-files:{key}")  # (keep_trial_files)
-    if files is None or files.nbytes * WHOLE_VIEW_PER_EVENT_BYTE <= context.event_budget:
+    files = _over_budget(context, key)
+    if files is None:
         return None
     base = context.cache.kept_page_part(_window_base_name(key, node))
     if base is None:
@@ -167,16 +198,21 @@ def _draw_window_from_files(context: Context, key: str, node: str | None, start_
     lo, hi = int(start_us) - base.sample_gap_us, int(end_us) + base.sample_gap_us
     needed = int(files.window_nbytes(lo, hi) * WINDOW_READ_PER_EVENT_BYTE)
     if needed > context.event_budget:
+        one_file = int(files.reaching(lo, hi).sum()) == 1
         raise WindowNotDrawn(
             f"This window's events take about {size_text(needed)} to read, more than the "
-            f"server's event budget ({size_text(context.event_budget)}, --event-budget-mb): drag a "
-            f"narrower range on the overview.")
+            f"server's event budget ({size_text(context.event_budget)}, --event-budget-mb): "
+            + ("they are in one file, which only a larger budget reads." if one_file
+               else "drag a narrower range on the overview."))
     try:
-        trial = window_files.read_window(files, lo, hi, roots=context.roots, s3_buckets=context.s3_buckets,
-                                         file_cache=context.cache.files).for_node(node or None)
-    except (TrialError, OSError) as exc:  # its files gone since, or S3 failing
+        # One window read at a time in this process: the budget bounds the process, not a request.
+        with _WINDOW_READS:
+            trial = window_files.read_window(files, lo, hi, roots=context.roots, s3_buckets=context.s3_buckets,
+                                             file_cache=context.cache.files)
+    except (TrialError, OSError) as exc:  # its files gone or changed since, or S3 failing
         log.warning("reading the window's files of %s failed: %s", files.path, exc)
         raise WindowNotDrawn(f"Reading the window's files failed ({type(exc).__name__}: {exc}).") from exc
+    trial = window_files.window_part(files, trial, node or None)
     return views.window_payload_of(base, trial, lambda chosen: batches[chosen["key"]], start_us, end_us,
                                    select_events, select_dimensions, loader, selected)
 
@@ -273,6 +309,10 @@ def draw_first_page(context: Context, key: str, nodes, span: tuple[int, int]) ->
             view_part(context, key, node, name, draw)
         first_window_part(context, key, node, *span,
                           lambda node=node: draw_window(context, key, node, *span, ".*", ".*", None, None))
+        if _over_budget(context, key) is not None:  # every loader a window may draw the batches of
+            view = get_view(context, key, node)
+            for row in views.budget_rows(view):
+                keep_loader_batches(context, key, node, view, row)
 
 
 def register_callbacks(app, context: Context) -> None:
@@ -525,8 +565,8 @@ def register_callbacks(app, context: Context) -> None:
                 payload = draw()
         except TrialEvicted:
             return no_update, no_update, no_update, EVICTED
-        except WindowNotDrawn as exc:
-            return no_update, no_update, views.window_text(start, end), str(exc)
+        except WindowNotDrawn as exc:  # the figures and their range text stay as they were
+            return no_update, no_update, no_update, str(exc)
         except Exception as exc:  # noqa: BLE001
             return no_update, no_update, no_update, _unexpected("Drawing the window", exc)
         return payload["window_figure"], payload["overview_figure"], payload["window_range"], ""
@@ -540,15 +580,15 @@ def register_callbacks(app, context: Context) -> None:
             return no_update, no_update, no_update
         change = views.what_if_change(workers, prefetch, in_order, persistent)
         try:
-            view = get_view(context, store["key"], node)
+            assessment = get_assessment(context, store["key"], node)
             try:
                 # A replay per loader: each change once per trial, node and loader (a field
                 # fires on every keystroke, and users go back and forth).
                 name = f"what-if:{store['key']}:{node or ''}:{loader or ''}:{sorted(change.items())}"
-                shown = context.cache.memo(name, lambda: views.what_if_view(view, change, loader))
+                shown = context.cache.memo(name, lambda: views.what_if_view_of(assessment, change, loader))
                 message = ""
             except ValueError as exc:  # a bad setting: the library's words; today's bars only
-                shown, message = views.what_if_view(view, {}, loader), str(exc)
+                shown, message = views.what_if_view_of(assessment, {}, loader), str(exc)
         except TrialEvicted:
             return no_update, no_update, EVICTED
         except Exception as exc:  # noqa: BLE001

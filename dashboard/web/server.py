@@ -147,8 +147,8 @@ def _default_hosts(listening: list[str]) -> list[str]:
 def options_from_environment(environ=None) -> ServerOptions:
     """DASHBOARD_TRIAL, DASHBOARD_CACHE_DIR, DASHBOARD_CACHE_SIZE_MB, DASHBOARD_DATA_ROOTS
     (os.pathsep-separated), DASHBOARD_S3_BUCKETS (comma-separated), DASHBOARD_MAX_TRIAL_MB,
-    DASHBOARD_MAX_EVENTS, DASHBOARD_MAX_FILES, DASHBOARD_MAX_LOADS, DASHBOARD_EVENT_BUDGET_MB (0: no
-    limit), DASHBOARD_ALLOWED_HOSTS
+    DASHBOARD_MAX_EVENTS, DASHBOARD_MAX_FILES, DASHBOARD_MAX_LOADS (0: no limit),
+    DASHBOARD_EVENT_BUDGET_MB (0: none), DASHBOARD_ALLOWED_HOSTS
     (comma-separated; default: the loopback names where the worker listens on loopback only, else
     any). The debugger is never turned on from the environment."""
     environ = os.environ if environ is None else environ

@@ -664,7 +664,12 @@ def _budget_row(item: LoaderBudget) -> dict:
 def budget_rows(view: TrialView) -> list[dict]:
     """Each training loader's wait budget as the page draws it, in the assessment's order
     (the MAX_BUDGET_ROWS waiting most, when there are more)."""
-    rows = [_budget_row(item) for item in view.assessment.budget]
+    return budget_rows_of(view.assessment)
+
+
+def budget_rows_of(assessment: Assessment) -> list[dict]:
+    """budget_rows of an assessment."""
+    rows = [_budget_row(item) for item in assessment.budget]
     if len(rows) > MAX_BUDGET_ROWS:
         keep = set(sorted(range(len(rows)), key=lambda i: -rows[i]["wait_s"])[:MAX_BUDGET_ROWS])
         rows = [row for i, row in enumerate(rows) if i in keep]
@@ -731,8 +736,13 @@ def what_if_view(view: TrialView, change: dict, loader: str | None = "") -> dict
     """Today's wait and, with `change`, the predicted wait and training time of each
     training loader (or of the one `loader` names). An empty change predicts nothing.
     ValueError, with the library's message, for a bad setting."""
-    rows = budget_rows(view)
-    results = view.assessment.predict(change) if change else None
+    return what_if_view_of(view.assessment, change, loader)
+
+
+def what_if_view_of(assessment: Assessment, change: dict, loader: str | None = "") -> dict:
+    """what_if_view of an assessment: the trial's events are not needed."""
+    rows = budget_rows_of(assessment)
+    results = assessment.predict(change) if change else None
     by_key = {}
     for result in results or []:
         by_key.setdefault(loader_key(result.node, result.loader), result)
