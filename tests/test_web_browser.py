@@ -759,3 +759,30 @@ def test_a_load_waiting_for_its_turn_says_its_place_then_loads(dash_duo, tmp_pat
         assert_no_traceback(dash_duo)
     finally:
         s3.stop()
+
+
+def test_a_trial_over_the_event_budget_is_dragged_from_the_files_the_window_reaches(dash_duo, tmp_path):
+    """With a 1 MB event budget and a trial of about 4 MB of events, the load job draws the first
+    page and the server process never holds the trial: a real drag draws its window from the files
+    it reaches, and the whole job with another events filter is refused with the reason."""
+    written = write(tmp_path / "trial", hosts=2, train_batches=4000, val_batches=0, rotate_s=2, slow_batches={})
+    start(dash_duo, tmp_path, tmp_path / "trial", event_budget_mb=1)
+    wait_loaded(dash_duo, len(written.of_kind("getnext")), timeout=90)
+    driver = dash_duo.driver
+    wait_until(lambda: graph_points(driver, "overview-graph") > 0, message="the overview")
+    whole = window_range(dash_duo)
+    layer_css = "#overview-graph .draglayer > .xy > .nsewdrag"
+    scroll_to(driver, dash_duo.find_element(layer_css))
+    axis = axis_ms(driver, "overview-graph")
+    drag(driver, dash_duo.find_element(layer_css), round(axis["length"] * 0.5), 3, 3)
+    wait_until(lambda: window_range(dash_duo) != whole, message="a new window")
+    lo, hi = window_range(dash_duo)
+    assert hi - lo < (whole[1] - whole[0]) / 50  # (a narrow window: a few of the files)
+    wait_until(lambda: abs(axis_ms(driver, "window-graph")["r0"] * 1000 - lo) <= PLOTLY_DATE_US,
+               message="the window drawn")
+    assert graph_points(driver, "window-graph") > 0 and text(dash_duo, "window-error") == ""
+    dash_duo.find_element("#window-whole-job").click()  # the first window: kept, drawn as it was
+    wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
+    dash_duo.clear_input("#select-events")
+    dash_duo.find_element("#select-events").send_keys("GetNext\n")
+    dash_duo.wait_for_contains_text("#window-error", "event budget", timeout=20)
