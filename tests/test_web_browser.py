@@ -208,15 +208,23 @@ def band_ms(driver) -> tuple[float, float] | None:
         return band ? [band.x0, band.x1] : null;""")
 
 
+OVERVIEW_DRAG_LAYER = "#overview-graph .draglayer > .xy > .nsewdrag"
+
+
+def overview_in_view(dash_duo) -> tuple[int, int]:
+    """Waits for the overview, scrolls its drag layer into view; the window shown (the whole job)."""
+    wait_until(lambda: graph_points(dash_duo.driver, "overview-graph") > 0, message="the overview")
+    whole = window_range(dash_duo)
+    scroll_to(dash_duo.driver, dash_duo.find_element(OVERVIEW_DRAG_LAYER))
+    return whole
+
+
 def test_dragging_on_the_overview_sets_the_window_and_the_overview_stays_the_whole_job(dash_duo, tmp_path):
     written = write(tmp_path / "trial")
     start(dash_duo, tmp_path, tmp_path / "trial")
     wait_loaded(dash_duo, len(written.of_kind("getnext")))
     driver = dash_duo.driver
-    wait_until(lambda: graph_points(driver, "overview-graph") > 0, message="the overview")
-    whole = window_range(dash_duo)
-    layer_css = "#overview-graph .draglayer > .xy > .nsewdrag"
-    scroll_to(driver, dash_duo.find_element(layer_css))
+    whole = overview_in_view(dash_duo)
     job = axis_ms(driver, "overview-graph")
     assert job["r0"] * 1000 == pytest.approx(whole[0], abs=PLOTLY_DATE_US)
     assert job["r1"] * 1000 == pytest.approx(whole[1], abs=PLOTLY_DATE_US)
@@ -225,7 +233,7 @@ def test_dragging_on_the_overview_sets_the_window_and_the_overview_stays_the_who
         """Drag over the overview; the window must be the dragged span (to a few pixels)."""
         before = text(dash_duo, "window-range")
         axis = axis_ms(driver, "overview-graph")
-        layer = dash_duo.find_element(layer_css)
+        layer = dash_duo.find_element(OVERVIEW_DRAG_LAYER)
         assert abs(layer.rect["width"] - axis["length"]) <= 1
         p1 = round(axis["length"] * from_fraction)
         drag(driver, layer, p1, step, steps)
@@ -258,7 +266,7 @@ def test_dragging_on_the_overview_sets_the_window_and_the_overview_stays_the_who
     query = urllib.parse.parse_qs(urllib.parse.urlparse(driver.current_url).query)
     assert iso_us(query["start"][0]) == lo and iso_us(query["end"][0]) == hi  # the URL carries it
     # Double-click: the whole job again, and no band.
-    ActionChains(driver).double_click(dash_duo.find_element(layer_css)).perform()
+    ActionChains(driver).double_click(dash_duo.find_element(OVERVIEW_DRAG_LAYER)).perform()
     wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
     wait_until(lambda: band_ms(driver) is None, message="no band for the whole job")
     # Two drags, the second inside the first's span, on the redrawn overview.
@@ -700,7 +708,7 @@ def test_at_1440_the_tables_fit_an_outlier_is_marked_and_the_header_hides_nothin
             driver.save_screenshot(os.path.join(shots, "page-1440x900-outlier.png"))
     # It stays marked when the window moves (a real drag on the overview, which stays the whole job).
     job = axis_ms(driver, "overview-graph")
-    layer = dash_duo.find_element("#overview-graph .draglayer > .xy > .nsewdrag")
+    layer = dash_duo.find_element(OVERVIEW_DRAG_LAYER)
     before = text(dash_duo, "window-range")
     drag(driver, layer, round(job["length"] * 0.2), 40, 6)
     wait_until(lambda: text(dash_duo, "window-range") != before, message="the dragged window")
@@ -769,12 +777,9 @@ def test_a_trial_over_the_event_budget_is_dragged_from_the_files_the_window_reac
     start(dash_duo, tmp_path, tmp_path / "trial", event_budget_mb=1)
     wait_loaded(dash_duo, len(written.of_kind("getnext")), timeout=90)
     driver = dash_duo.driver
-    wait_until(lambda: graph_points(driver, "overview-graph") > 0, message="the overview")
-    whole = window_range(dash_duo)
-    layer_css = "#overview-graph .draglayer > .xy > .nsewdrag"
-    scroll_to(driver, dash_duo.find_element(layer_css))
+    whole = overview_in_view(dash_duo)
     axis = axis_ms(driver, "overview-graph")
-    drag(driver, dash_duo.find_element(layer_css), round(axis["length"] * 0.5), 3, 3)
+    drag(driver, dash_duo.find_element(OVERVIEW_DRAG_LAYER), round(axis["length"] * 0.5), 3, 3)
     wait_until(lambda: window_range(dash_duo) != whole, message="a new window")
     lo, hi = window_range(dash_duo)
     assert hi - lo < (whole[1] - whole[0]) / 50  # (a narrow window: a few of the files)

@@ -343,6 +343,10 @@ class _Memory:
                 self.items.popitem(last=False)
 
 
+def _page_part_name(name: str) -> str:
+    return f"{PAGE_PART}{CODE_VERSION}:{name}"
+
+
 class TrialCache:
     """Trials and their analyses by key: memory, then the shared disk cache.
 
@@ -589,8 +593,7 @@ class TrialCache:
     def assessment(self, key: str, trial: Trial, node: str | None = None,
                    factor: float = DEFAULT_OUTLIER_FACTOR) -> diagnosis.Assessment:
         """The input-bound verdict and recommendations of a cached trial (or one node of it),
-        computed once. Best asked before analysis(): its working memory is then freed before
-        the analysis holds its copies of the events (dashboard.analyze's `assess`)."""
+        computed once (analyses(): both, in the order that keeps the peak memory low)."""
         def assess() -> diagnosis.Assessment:
             part = trial.for_node(node)
             return diagnosis.assess(part.framework, part.system, factor)
@@ -601,6 +604,14 @@ class TrialCache:
                         factor: float = DEFAULT_OUTLIER_FACTOR) -> diagnosis.Assessment | None:
         """assessment() as kept (by any server process), or None: never computed here."""
         return self._get(_derived_name("assessment", key, node, factor))
+
+    def analyses(self, key: str, trial: Trial, node: str | None = None,
+                 factor: float = DEFAULT_OUTLIER_FACTOR) -> tuple[diagnosis.Assessment, DataLoaderAnalysis]:
+        """(assessment, analysis) of a cached trial (or node), each computed once, the assessment
+        first: its working memory is then freed before the analysis holds its copies of the
+        events (dashboard.analyze's `assess`)."""
+        assessment = self.assessment(key, trial, node, factor)
+        return assessment, self.analysis(key, trial, node, factor)
 
     def holds(self, key: str) -> bool:
         """Whether trial(key) finds the trial (kept, or its files to read again): what a page
@@ -622,11 +633,11 @@ class TrialCache:
         a new server process shows a warm trial's first page without reading the trial back
         (a 3M-GetNext trial's first page took 5 s of a new server process, 0.4 s of it reading the
         trial back; from its parts, 0.4 s in all)."""
-        return self._once(f"{PAGE_PART}{CODE_VERSION}:{name}", compute)[0]
+        return self._once(_page_part_name(name), compute)[0]
 
     def kept_page_part(self, name: str):
         """A part page_part() kept (computed by any server process), or None: never computed here."""
-        return self._get(f"{PAGE_PART}{CODE_VERSION}:{name}")
+        return self._get(_page_part_name(name))
 
     def memo(self, name: str, compute: Callable[[], object]):
         """An object derived from cached data, kept in this process's memory only."""

@@ -85,8 +85,7 @@ def get_view(context: Context, key: str, node: str | None) -> views.TrialView:
 
     def build():
         trial = whole_trial(context, key)
-        assessment = context.cache.assessment(key, trial, node)  # first: see TrialCache.assessment
-        analysis = context.cache.analysis(key, trial, node)
+        assessment, analysis = context.cache.analyses(key, trial, node)
         return views.trial_view(trial, node, analysis=analysis, key=key, assessment=assessment)
 
     return context.cache.memo(f"view:{key}:{node or ''}", build)
@@ -110,13 +109,11 @@ class WindowNotDrawn(Exception):
 
 
 def get_assessment(context: Context, key: str, node: str | None):
-    """The assessment of a cached trial (or node), kept in this process's memory: the one the
-    cache kept, the trial read back only when it kept none (the what-if fires on every load:
+    """The assessment of a cached trial (or node): the one the cache kept, the trial read back
+    only when it kept none (the what-if fires on every load:
     reading the trial for it held the whole trial in the server process)."""
-    check_held(context, key)
-    return context.cache.memo(f"assessment:{key}:{node or ''}",
-                              lambda: context.cache.kept_assessment(key, node or None)
-                              or get_view(context, key, node).assessment)
+    check_held(context, key)  # (the cache keeps what it reads in this process's memory)
+    return context.cache.kept_assessment(key, node or None) or get_view(context, key, node).assessment
 
 
 def draw_window(context: Context, key: str, node: str | None, start_us: int, end_us: int, select_events,
@@ -303,13 +300,14 @@ def draw_first_page(context: Context, key: str, nodes, span: tuple[int, int]) ->
     node_options_part(context, key)
     summary_part(context, key)
     _rank_waits(context, key)
+    over_budget = _over_budget(context, key) is not None
     for node in nodes:
         node = node or ""
         for name, draw in VIEW_PARTS:
             view_part(context, key, node, name, draw)
         first_window_part(context, key, node, *span,
                           lambda node=node: draw_window(context, key, node, *span, ".*", ".*", None, None))
-        if _over_budget(context, key) is not None:  # every loader a window may draw the batches of
+        if over_budget:  # every loader a window may draw the batches of
             view = get_view(context, key, node)
             for row in views.budget_rows(view):
                 keep_loader_batches(context, key, node, view, row)
@@ -387,8 +385,7 @@ def register_callbacks(app, context: Context) -> None:
                                                         max_bytes=context.max_bytes, max_events=context.max_events)
                 set_progress(("1", "1", "Analyzing…"))
                 for part in parts:
-                    context.cache.assessment(key, trial, part)  # first: see TrialCache.assessment
-                    context.cache.analysis(key, trial, part)
+                    context.cache.analyses(key, trial, part)
                 keep_trial_files(context, key, trial, listing[2])
                 span, not_kept = (trial.start_us, trial.end_us), context.cache.not_kept()
                 if not_kept is None and trial.report.complete:
@@ -827,8 +824,7 @@ def register_compare_callbacks(app, context: Context) -> None:
         try:
             key, trial, _ = context.cache.load(path, roots=context.roots, s3_buckets=context.s3_buckets,
                                                max_bytes=context.max_bytes, max_events=context.max_events)
-            context.cache.assessment(key, trial, None)  # first: see TrialCache.assessment
-            context.cache.analysis(key, trial, None)
+            context.cache.analyses(key, trial, None)
         except TrialError as exc:
             return no_update, views.load_error_text(exc)
         except Exception as exc:  # noqa: BLE001
