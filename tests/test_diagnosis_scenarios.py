@@ -106,6 +106,14 @@ TRAINING_RELATIVE_TOLERANCE = 0.35
 # 0.34-0.39 quiet and 0.39-0.63 loaded. A loaded suite run on a host twice as slow as those,
 # 22 ms of compute a step against 11, failed it with predictions that held: latency 0.82,
 # predicted 3.09 s against 3.49 s measured; slow_worker 0.81, 3.31 s against 4.00 s.)
+# Out-of-order delivery of the slow_worker job on a host its own two busy processes keep
+# saturated (test_out_of_order_delivery_on_a_busy_host_waits_as_predicted): the predicted wait
+# against the re-run's books (relative). Measured, predicted / re-run wait: 0.62-1.38 over 8 pairs
+# with the job's two busy processes only, 0.68-0.96 over 4 with two `yes` besides (the loaded
+# suite's host). 0.5 is 1.3x the worst miss. The model before, which charged every next() the
+# hand-over of today's ready batches (stored ones, mostly), predicted 0.26-0.45 and 0.09-0.12 of
+# the re-runs' wait on the same pairs, and fails.
+BUSY_HOST_WAIT_TOLERANCE = 0.5
 # CPU-bound samples on saturated cores: doubling the workers gains what the model predicts
 # (on a saturated host the scheduler shares the cores between runnable threads: more workers
 # take cores from the main process and from other processes). With 4 workers for 2 cores the
@@ -353,13 +361,14 @@ class Jobs:
         name = "-".join(f"{k}-{v}" for k, v in (change or {}).items()) or "planted"
         return Run(self.factory.mktemp(f"{fault}-{name}"), fault, change, more_args)
 
-    def steady(self, fault: str, *asks) -> list[Run]:
-        """The planted run, then a run for each of `asks` (given the planted run, the change
-        and more arguments of a run to make after it), all on one host load (see
-        STEADY_OTHERS): the shared planted run when its load matches."""
+    def steady(self, fault: str, *asks, planted_args: tuple = ()) -> list[Run]:
+        """The planted run (with `planted_args`), then a run for each of `asks` (given the
+        planted run, the change and more arguments of a run to make after it), all on one host
+        load (see STEADY_OTHERS): the shared planted run when its load matches."""
         seen = []
         for attempt in range(STEADY_ATTEMPTS):
-            planted = self.planted(fault) if attempt == 0 else self.run(fault)
+            shared = attempt == 0 and not planted_args
+            planted = self.planted(fault) if shared else self.run(fault, None, planted_args)
             runs = [planted] + [self.run(fault, *ask(planted)) for ask in asks]
             probes = [p for run in runs for p in run.others]
             stolen = [run.stolen for run in runs]
@@ -545,6 +554,21 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
         predicted, fixed.books["wait_s"], fixed.books["training_s"])
     assert predicted["training_s"] == pytest.approx(fixed.books["training_s"], rel=TRAINING_RELATIVE_TOLERANCE), (
         predicted, fixed.books["training_s"])
+
+
+def test_out_of_order_delivery_on_a_busy_host_waits_as_predicted(jobs):
+    # The slow worker's job beside two busy processes of its own: in order, the batches behind
+    # the slow worker's were taken off the result queue while it was waited for, and stored; out
+    # of order every next() takes its batch from the queue, a round trip to a worker that must
+    # get a core (pipeline._delivery_by_path).
+    busy = ("--hogs", "2")
+    planted, fixed = jobs.steady("slow_worker", lambda planted: (finding(planted.result, "slow_worker").change, busy),
+                                 planted_args=busy)
+    named = finding(planted.result, "slow_worker")
+    assert named.change == {"in_order": False}, named.change
+    predicted_wait_s = named.predicted["wait_fraction"] * named.predicted["training_s"]
+    assert predicted_wait_s == pytest.approx(fixed.books["wait_s"], rel=BUSY_HOST_WAIT_TOLERANCE), (
+        named.predicted, fixed.books["wait_s"], fixed.books["training_s"])
 
 
 def test_cheaper_samples_shorten_the_hand_over_the_cpu_finding_names(jobs):

@@ -15,7 +15,11 @@ What is inferred from a trial (per loader, per batch, in its iterator's order):
   last batch of an iterator gets the iterator's median (an estimate);
 - the delivery cost: what a GetNext costs when its batch is already there (unpickling,
   shared-memory tensors): the median wait of batches whose fetch ended before they were
-  asked for (collector), else a low quantile of the waits, capped (an estimate);
+  asked for (collector), else a low quantile of the waits, capped (an estimate). The replay
+  tells two kinds apart where the collector measured the fetches: a next() that takes its
+  batch from the result queue, and one that returns a batch stored earlier (in order, taken
+  off the queue while an earlier one was waited for): on a busy host the first costs a
+  round trip to the worker, the second nothing of the kind (see _delivery_by_path);
 - the service time: the worker's fetch of that batch, where the collector recorded it
   (measured, with its CPU time). Without fetch events it is inferred: a batch that was
   waited for became ready at the end of its GetNext less the delivery cost, and its
@@ -90,6 +94,11 @@ class PipelineModel:
     settings: Settings
     delivery_us: float  # what a GetNext of a batch its worker had finished costs (median)
     delivery_base_us: float  # of it, delivery itself: the short ones' median (see build)
+    # What the replay charges a next() (see build): one that takes its batch from the result
+    # queue, and one whose batch the main process took off the queue earlier (in order, while it
+    # waited for an earlier batch) and stored.
+    received_us: float
+    stored_us: float
     service_measured: bool  # fetch events (collector) gave the service times
     cpu_measured: bool  # fetch events carried the worker's CPU time
     cores: int | None
@@ -235,6 +244,12 @@ def compact(model: PipelineModel) -> PipelineModel:
     return dataclasses.replace(model, **values, today_waits=[])
 
 
+def _mean(values) -> float | None:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(np.mean(values)) if len(values) else None
+
+
 def _median(values) -> float | None:
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
@@ -317,7 +332,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     measured = False
     if not workers:  # the main process loads each batch inside next()
         service = wait.copy()
-        delivery = delivery_base = 0.0
+        delivery = delivery_base = received = stored_cost = 0.0
     elif matched is not None and matched["duration_us"].notna().mean() >= 0.5:
         fetch_start = matched["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
         fetch_end = matched["end_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -339,6 +354,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
             delivery_base = delivery
         else:
             delivery_base = min(delivery, _delivery_from_waits(wait[ready_before]))
+        received, stored_cost = _delivery_by_path(segment, fetch_end, handover, settings.in_order,
+                                                  delivery, delivery_base)
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
         for w in range(workers):
@@ -355,7 +372,9 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
             service[firsts] = np.where(recreated[seg], np.fmin(service[firsts], med), service[firsts])
         measured = True
     else:
-        delivery = delivery_base = _delivery_from_waits(wait)
+        # Without fetch events a next() cannot be told to have taken its batch from the queue
+        # or from the stored ones: every one is charged the same.
+        delivery = delivery_base = received = stored_cost = _delivery_from_waits(wait)
     if workers and not measured:
         service, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
@@ -417,6 +436,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
 
     model = PipelineModel(
         settings=settings, delivery_us=float(delivery), delivery_base_us=float(delivery_base),
+        received_us=float(received), stored_us=float(stored_cost),
         service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
@@ -481,6 +501,39 @@ def _delivery_from_waits(wait: np.ndarray) -> float:
     low = float(np.quantile(wait, DELIVERY_QUANTILE))
     short = wait[wait <= 2 * low + READY_SLACK_US]
     return min(float(np.median(short)) if len(short) else low, DELIVERY_CAP_US)
+
+
+def _delivery_by_path(segment, fetch_end, handover, in_order, delivery, delivery_base) -> tuple[float, float]:
+    """What a next() costs beyond its batch's fetch (us): (taking the batch from the result
+    queue, returning one taken off it earlier and stored), the means of today's measured
+    hand-overs of each kind: the replay sums them, and on a busy host a hand-over's spread is
+    wide (the slow_worker job with two busy processes: received ones' median 3.6 ms, mean
+    4.3 ms; with medians its out-of-order re-runs' wait was predicted at 0.20-0.25 of training
+    against 0.28-0.36 measured, with means 0.26-0.32).
+
+    In order, next() reads the queue only while it waits for the batch first in line: a batch
+    that arrives before an earlier one is stored then (`_task_info`), unpickled, its tensors'
+    shared memory already mapped. Any other next() takes its batch from the queue itself, and
+    rebuilding a tensor's shared memory asks its worker for the file descriptor (torch's
+    default `file_descriptor` sharing): a round trip to the worker process, which must get a
+    core. The slow_worker job's received next()s took 1.8-2.2 ms quiet and 2.8-6.1 ms with both
+    cores kept busy (two `yes`, or its own two busy processes), its stored ones 0.1-0.2 ms
+    (medians; means 0.1-1.1 ms). Charging every batch the median of today's ready ones (mostly
+    stored there) predicted its out-of-order re-runs' wait at 0.07-0.17 of training on the busy
+    host, where they measured 0.28-0.36 (quiet, the waits it leaves out are small).
+    A batch is stored when its fetch ended before that of an earlier batch of its iterator
+    (the queue is first in, first out); out of order none is."""
+    if in_order:
+        ends = pd.Series(fetch_end)
+        earlier = ends.groupby(segment).cummax().groupby(segment).shift(1).to_numpy(dtype=np.float64)
+        stored = np.isfinite(fetch_end) & (fetch_end < earlier)
+    else:
+        stored = np.zeros(len(fetch_end), dtype=bool)
+    measured = np.isfinite(handover)
+    received = _mean(handover[measured & ~stored])
+    stored_cost = _mean(handover[measured & stored])
+    return (received if received is not None else delivery,
+            stored_cost if stored_cost is not None else delivery_base)
 
 
 def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers, prefetch, first_ask,
@@ -571,25 +624,28 @@ def replayed_rows(model: PipelineModel) -> np.ndarray:
 
 # --- the replay -----------------------------------------------------------------------------
 
-def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, delivery) -> list[float]:
+def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, received, stored) -> list[float]:
     free = list(ready_at)
     returned = []
     waits = []
     now = 0.0
+    latest = -np.inf  # the latest fetch end so far: a batch done before it was stored
     for b, (c, comp) in enumerate(zip(cost, compute)):
         w = b % workers
         sent = returned[b - prefetch] if b >= prefetch else 0.0
         start = free[w] if free[w] > sent else sent
         done = start + c * speed[w]
         free[w] = done
-        back = (done if done > now else now) + delivery
+        back = (done if done > now else now) + (stored if done < latest else received)
+        if done > latest:
+            latest = done
         waits.append(back - now)
         returned.append(back)
         now = back + comp
     return waits
 
 
-def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, delivery) -> list[float]:
+def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, received, stored) -> list[float]:
     free = list(ready_at)
     outstanding = [0] * workers
     cap = max(1, prefetch // workers)
@@ -622,7 +678,7 @@ def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, deliver
         if not pending:
             break
         done, w = heapq.heappop(pending)
-        back = (done if done > now else now) + delivery
+        back = (done if done > now else now) + received  # out of order nothing is stored
         waits.append(back - now)
         outstanding[w] -= 1
         send(back)
@@ -648,7 +704,10 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
     workers = settings.num_workers
     sigma = model.stretch(max(workers, 1))
     cost_all = model.latency_base_us + model.cpu_base_us * sigma
-    delivery = model.delivery_us if model.settings.num_workers else DEFAULT_DELIVERY_US
+    if model.settings.num_workers:
+        delivery = (model.received_us, model.stored_us)
+    else:
+        delivery = (DEFAULT_DELIVERY_US, DEFAULT_DELIVERY_US)
     speed = [float(model.speed[w]) if w < len(model.speed) else 1.0 for w in range(workers)]
     starts, stops = _replay_bounds(model)
     first_start = model.startup_us[0] if len(model.startup_us) else np.zeros(1)
@@ -668,5 +727,5 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
             ready_at += [float(np.median(ready)) if len(ready) else 0.0] * (workers - len(ready_at))
         run = _replay_in_order if settings.in_order else _replay_any_order
         out.append((seg, np.asarray(run(cost.tolist(), model.compute_us[lo:hi].tolist(), ready_at, speed,
-                                        workers, workers * settings.prefetch_factor, delivery))))
+                                        workers, workers * settings.prefetch_factor, *delivery))))
     return out
