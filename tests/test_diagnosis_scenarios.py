@@ -109,11 +109,18 @@ TRAINING_RELATIVE_TOLERANCE = 0.35
 # Out-of-order delivery of the slow_worker job on a host its own two busy processes keep
 # saturated (test_out_of_order_delivery_on_a_busy_host_waits_as_predicted): the predicted wait
 # against the re-run's books (relative). Measured, predicted / re-run wait: 0.62-1.38 over 8 pairs
-# with the job's two busy processes only, 0.68-0.96 over 4 with two `yes` besides (the loaded
-# suite's host). 0.5 is 1.3x the worst miss. The model before, which charged every next() the
+# with the job's two busy processes only, 0.68-0.96 over 4 with two `yes` besides. 0.5 is 1.3x the worst miss. The model before, which charged every next() the
 # hand-over of today's ready batches (stored ones, mostly), predicted 0.26-0.45 and 0.09-0.12 of
 # the re-runs' wait on the same pairs, and fails.
 BUSY_HOST_WAIT_TOLERANCE = 0.5
+# Where the model predicts no gain from out-of-order delivery there (a loaded suite run on a host
+# 1.5-2x slower than the runs above, 28 ms of compute a batch against 13-20: the planted run
+# waited 1.0 s against 2.1-3.0 s, and out of order was predicted at 5.08 s -> 6.44 s of
+# training), the re-run must not train shorter than this share of the planted run: it trained
+# 5.31 s there. A gain of 15 % would have been worth proposing; the same job's planted runs
+# repeated within 4 % (4.77-4.93 s over 8 runs with its busy processes, 4.98-5.05 s over 4 with
+# two `yes` besides).
+NO_GAIN_TRAINING_SHARE = 0.85
 # CPU-bound samples on saturated cores: doubling the workers gains what the model predicts
 # (on a saturated host the scheduler shares the cores between runnable threads: more workers
 # take cores from the main process and from other processes). With 4 workers for 2 cores the
@@ -534,6 +541,12 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
     if displaced(jobs.planted(fault)):
         pytest.skip(f"{fault}: most of the steady wait was finished batches' hand-over on a loaded host "
                     f"(books: {steady_books(jobs.planted(fault))}); the planted cause's fix is not what it waits for")
+    if finding(jobs.planted(fault).result, EXPECTED[fault]).change is None:
+        # Only slow_worker's may propose no change: where out-of-order delivery is predicted to cost
+        # more than it saves (test_out_of_order_delivery_on_a_busy_host_waits_as_predicted re-runs it).
+        assert fault == "slow_worker", fault
+        pytest.skip(f"{fault}: the finding proposes no change on this host (in_order=False predicted "
+                    f"{finding(jobs.planted(fault).result, EXPECTED[fault]).evidence['in_order_false_predicted']})")
     planted, fixed = jobs.steady(fault, lambda planted: (finding(planted.result, EXPECTED[fault]).change, ()))
     recommendation = finding(planted.result, EXPECTED[fault])
     change, predicted = recommendation.change, recommendation.predicted
@@ -561,14 +574,22 @@ def test_out_of_order_delivery_on_a_busy_host_waits_as_predicted(jobs):
     # the slow worker's were taken off the result queue while it was waited for, and stored; out
     # of order every next() takes its batch from the queue, a round trip to a worker that must
     # get a core (pipeline._delivery_by_path).
-    busy = ("--hogs", "2")
-    planted, fixed = jobs.steady("slow_worker", lambda planted: (finding(planted.result, "slow_worker").change, busy),
-                                 planted_args=busy)
+    busy, change = ("--hogs", "2"), {"in_order": False}
+    planted, fixed = jobs.steady("slow_worker", lambda planted: (change, busy), planted_args=busy)
     named = finding(planted.result, "slow_worker")
-    assert named.change == {"in_order": False}, named.change
-    predicted_wait_s = named.predicted["wait_fraction"] * named.predicted["training_s"]
+    (what_if,) = planted.result.what_if(change)
+    planted_s, fixed_s = planted.books["training_s"], fixed.books["training_s"]
+    if named.change is None:
+        # The model found that out of order the hand-overs cost more than the order saves (the
+        # host's load hid most of the slow worker's delay), and the finding proposes no change:
+        # then the re-run gains nothing worth the change either.
+        assert what_if.saving_s <= 0 and "would not help" in named.text, (what_if.predicted, named.text)
+        assert fixed_s >= NO_GAIN_TRAINING_SHARE * planted_s, (planted_s, fixed_s, what_if.predicted)
+        return
+    assert named.change == change and named.predicted == what_if.predicted, (named.change, named.predicted)
+    predicted_wait_s = what_if.predicted["wait_fraction"] * what_if.predicted["training_s"]
     assert predicted_wait_s == pytest.approx(fixed.books["wait_s"], rel=BUSY_HOST_WAIT_TOLERANCE), (
-        named.predicted, fixed.books["wait_s"], fixed.books["training_s"])
+        what_if.predicted, fixed.books["wait_s"], fixed_s)
 
 
 def test_cheaper_samples_shorten_the_hand_over_the_cpu_finding_names(jobs):
