@@ -106,17 +106,31 @@ TRAINING_RELATIVE_TOLERANCE = 0.35
 # 0.34-0.39 quiet and 0.39-0.63 loaded. A loaded suite run on a host twice as slow as those,
 # 22 ms of compute a step against 11, failed it with predictions that held: latency 0.82,
 # predicted 3.09 s against 3.49 s measured; slow_worker 0.81, 3.31 s against 4.00 s.)
-# Out-of-order delivery of the slow_worker job on a host its own two busy processes keep
-# saturated (test_out_of_order_delivery_on_a_busy_host_waits_as_predicted): the predicted wait
-# against the re-run's books (relative). Measured, predicted / re-run wait: 0.62-1.38 over 8 pairs
-# with the job's two busy processes only, 0.68-0.96 over 4 with two `yes` besides. 0.5 is 1.3x the worst miss. The model before, which charged every next() the
+# A prediction is compared with re-runs on means of runs made in one stretch of time in the order
+# A B B A (today's settings, the change, the change, today's), as the cpu test does (see
+# CPU_GAIN_TOLERANCE): a host whose speed drifts slows both sides alike. On single pairs in two
+# full suite runs with two `yes`, on a host then 1.5-2x slower than in the runs the tolerances
+# come from (the main process computed 22-41 ms a batch against 10-16), the same job's compute
+# moved 20-30 % from one run to the next with no change of load that the probes see: the
+# slow_worker re-run out of order waited 0.94 s less, as predicted within 10 %, but trained only
+# 0.22 s shorter (predicted 3.98 s, measured 4.78 s, planted 5.00 s).
+# Out-of-order delivery of the slow_worker job on a busy host
+# (test_out_of_order_delivery_on_a_busy_host_waits_as_predicted): two busy processes besides the
+# job, its own unless the host already has them (BUSY_OTHERS runnable tasks besides the test's).
+# With the job's two and the suite's two `yes` on the slower host above, a planted run computed
+# 41 ms a batch and its re-run 32: the pair measured the host, not the change (predicted wait
+# 2.28x the re-run's). The predicted wait against the re-runs' books (relative), measured as
+# predicted / re-run wait: single pairs 0.62-1.38 over 8 with the job's two busy processes, 0.90-1.06
+# over 4 with two `yes` instead (and 0.68-0.96 over 4 with both); as means of two pairs, 0.83-1.12
+# and 0.79-0.91. 0.5 is 1.3x the worst miss. The model before, which charged every next() the
 # hand-over of today's ready batches (stored ones, mostly), predicted 0.26-0.45 and 0.09-0.12 of
 # the re-runs' wait on the same pairs, and fails.
 BUSY_HOST_WAIT_TOLERANCE = 0.5
-# Where the model predicts no gain from out-of-order delivery there (a loaded suite run on a host
-# 1.5-2x slower than the runs above, 28 ms of compute a batch against 13-20: the planted run
+BUSY_OTHERS = 1.5
+# Where the model predicts no gain from out-of-order delivery there (a loaded suite run with both
+# the job's busy processes and two `yes`, 28 ms of compute a batch against 13-20: the planted run
 # waited 1.0 s against 2.1-3.0 s, and out of order was predicted at 5.08 s -> 6.44 s of
-# training), the re-run must not train shorter than this share of the planted run: it trained
+# training), the re-runs must not train shorter than this share of the planted runs: it trained
 # 5.31 s there. A gain of 15 % would have been worth proposing; the same job's planted runs
 # repeated within 4 % (4.77-4.93 s over 8 runs with its busy processes, 4.98-5.05 s over 4 with
 # two `yes` besides).
@@ -541,55 +555,88 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
     if displaced(jobs.planted(fault)):
         pytest.skip(f"{fault}: most of the steady wait was finished batches' hand-over on a loaded host "
                     f"(books: {steady_books(jobs.planted(fault))}); the planted cause's fix is not what it waits for")
-    if finding(jobs.planted(fault).result, EXPECTED[fault]).change is None:
+    recommendation = finding(jobs.planted(fault).result, EXPECTED[fault])
+    if recommendation.change is None:
         # Only slow_worker's may propose no change: where out-of-order delivery is predicted to cost
         # more than it saves (test_out_of_order_delivery_on_a_busy_host_waits_as_predicted re-runs it).
         assert fault == "slow_worker", fault
         pytest.skip(f"{fault}: the finding proposes no change on this host (in_order=False predicted "
-                    f"{finding(jobs.planted(fault).result, EXPECTED[fault]).evidence['in_order_false_predicted']})")
-    planted, fixed = jobs.steady(fault, lambda planted: (finding(planted.result, EXPECTED[fault]).change, ()))
-    recommendation = finding(planted.result, EXPECTED[fault])
+                    f"{recommendation.evidence['in_order_false_predicted']})")
     change, predicted = recommendation.change, recommendation.predicted
     assert isinstance(change, dict) and change, change
     assert predicted is not None and set(predicted) >= {"wait_fraction", "training_s"}, predicted
 
-    # The what-if of the same change starts from today's books.
-    (what_if,) = planted.result.what_if(change)
-    assert what_if.change == change
-    assert what_if.now["wait_fraction"] == pytest.approx(planted.wait_fraction, abs=fraction_tolerance(planted))
-    assert what_if.now["training_s"] == pytest.approx(planted.books["training_s"], abs=training_tolerance_s(planted))
+    def fixed(planted):
+        return change, ()
 
-    planted_s, fixed_s = planted.books["training_s"], fixed.books["training_s"]
-    assert abs(predicted["training_s"] - fixed_s) < abs(planted_s - fixed_s), (
-        f"the re-run with {change} trained {fixed_s:.2f} s against the planted run's {planted_s:.2f} s: the "
-        f"prediction ({predicted['training_s']:.2f} s) is no nearer to it than 'nothing changes'")
-    assert predicted["wait_fraction"] == pytest.approx(fixed.wait_fraction, abs=WAIT_FRACTION_TOLERANCE), (
-        predicted, fixed.books["wait_s"], fixed.books["training_s"])
-    assert predicted["training_s"] == pytest.approx(fixed.books["training_s"], rel=TRAINING_RELATIVE_TOLERANCE), (
-        predicted, fixed.books["training_s"])
+    # Means of runs in the order A B B A (see the note above BUSY_HOST_WAIT_TOLERANCE), on one host load.
+    planted, *with_fix, last = jobs.steady(fault, fixed, fixed, again)
+    # The what-if of the same change starts from today's books.
+    for today in (planted, last):
+        (what_if,) = today.result.what_if(change)
+        assert what_if.change == change
+        assert what_if.now["wait_fraction"] == pytest.approx(today.wait_fraction, abs=fraction_tolerance(today))
+        assert what_if.now["training_s"] == pytest.approx(today.books["training_s"], abs=training_tolerance_s(today))
+    assert planted.result.what_if(change)[0].predicted == predicted
+    compared = ab_means([planted, last], with_fix, change)
+    planted_s, fixed_s, predicted_s = compared["today_s"], compared["fixed_s"], compared["predicted_s"]
+    assert abs(predicted_s - fixed_s) < abs(planted_s - fixed_s), (
+        f"the re-runs with {change} trained {fixed_s:.2f} s against the planted runs' {planted_s:.2f} s (means): "
+        f"the prediction ({predicted_s:.2f} s) is no nearer to it than 'nothing changes'", compared)
+    assert compared["predicted_fraction"] == pytest.approx(compared["fixed_fraction"], abs=WAIT_FRACTION_TOLERANCE), (
+        compared)
+    assert predicted_s == pytest.approx(fixed_s, rel=TRAINING_RELATIVE_TOLERANCE), compared
+
+
+def ab_means(today: list[Run], changed: list[Run], change: dict) -> dict:
+    """Means over runs made in the order A B B A: today's runs' books and their predictions of
+    `change`, and the books of the runs with it."""
+    predictions = [run.result.what_if(change)[0].predicted for run in today]
+    mean = statistics.mean
+    return {"today_s": mean(run.books["training_s"] for run in today),
+            "fixed_s": mean(run.books["training_s"] for run in changed),
+            "predicted_s": mean(p["training_s"] for p in predictions),
+            "fixed_wait_s": mean(run.books["wait_s"] for run in changed),
+            "predicted_wait_s": mean(p["wait_fraction"] * p["training_s"] for p in predictions),
+            "fixed_fraction": mean(run.wait_fraction for run in changed),
+            "predicted_fraction": mean(p["wait_fraction"] for p in predictions),
+            "books": {"today": [(run.books["wait_s"], run.books["training_s"]) for run in today],
+                      "changed": [(run.books["wait_s"], run.books["training_s"]) for run in changed]},
+            "predicted": predictions}
 
 
 def test_out_of_order_delivery_on_a_busy_host_waits_as_predicted(jobs):
-    # The slow worker's job beside two busy processes of its own: in order, the batches behind
-    # the slow worker's were taken off the result queue while it was waited for, and stored; out
-    # of order every next() takes its batch from the queue, a round trip to a worker that must
-    # get a core (pipeline._delivery_by_path).
-    busy, change = ("--hogs", "2"), {"in_order": False}
-    planted, fixed = jobs.steady("slow_worker", lambda planted: (change, busy), planted_args=busy)
-    named = finding(planted.result, "slow_worker")
-    (what_if,) = planted.result.what_if(change)
-    planted_s, fixed_s = planted.books["training_s"], fixed.books["training_s"]
-    if named.change is None:
+    # The slow worker's job on a busy host: in order, the batches behind the slow worker's were
+    # taken off the result queue while it was waited for, and stored; out of order every next()
+    # takes its batch from the queue, a round trip to a worker that must get a core
+    # (pipeline._delivery_by_path). The job starts two busy processes of its own unless the host
+    # already has that load (the suite with two `yes`): more than that, the cores are so
+    # oversubscribed that the same job's compute varied 30 % from run to run (see BUSY_OTHERS).
+    busy = ("--hogs", "2") if other_runnable() < BUSY_OTHERS else ()
+    change = {"in_order": False}
+
+    def out_of_order(planted):
+        return change, busy
+
+    def again_busy(planted):
+        return None, busy
+
+    # Means of runs in the order A B B A (see the note above BUSY_HOST_WAIT_TOLERANCE), on one host load.
+    planted, *unordered, last = jobs.steady("slow_worker", out_of_order, out_of_order, again_busy, planted_args=busy)
+    compared = ab_means([planted, last], unordered, change)
+    named = [finding(run.result, "slow_worker") for run in (planted, last)]
+    if all(n.change is None for n in named):
         # The model found that out of order the hand-overs cost more than the order saves (the
         # host's load hid most of the slow worker's delay), and the finding proposes no change:
-        # then the re-run gains nothing worth the change either.
-        assert what_if.saving_s <= 0 and "would not help" in named.text, (what_if.predicted, named.text)
-        assert fixed_s >= NO_GAIN_TRAINING_SHARE * planted_s, (planted_s, fixed_s, what_if.predicted)
+        # then the re-runs gain nothing worth the change either.
+        assert compared["predicted_s"] >= compared["today_s"] and all("would not help" in n.text for n in named), (
+            compared, [n.text for n in named])
+        assert compared["fixed_s"] >= NO_GAIN_TRAINING_SHARE * compared["today_s"], compared
         return
-    assert named.change == change and named.predicted == what_if.predicted, (named.change, named.predicted)
-    predicted_wait_s = what_if.predicted["wait_fraction"] * what_if.predicted["training_s"]
-    assert predicted_wait_s == pytest.approx(fixed.books["wait_s"], rel=BUSY_HOST_WAIT_TOLERANCE), (
-        what_if.predicted, fixed.books["wait_s"], fixed_s)
+    for n in named:
+        assert n.change in (None, change), n.change
+    assert compared["predicted_wait_s"] == pytest.approx(compared["fixed_wait_s"], rel=BUSY_HOST_WAIT_TOLERANCE), (
+        compared)
 
 
 def test_cheaper_samples_shorten_the_hand_over_the_cpu_finding_names(jobs):

@@ -380,6 +380,11 @@ def _raw_trace_row(event: dict) -> dict:
 
 def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
     """The raw table of a trace file: fast path first, line by line when it refuses."""
+    # A closed file is one JSON array as it lies, decoded without a copy: stripping and
+    # bracketing it copied each file four times, 12 % of the 300k trial's parse.
+    table = _typed_trace_table(data)
+    if table is not None:
+        return table, 0, None
     body = data.strip()
     if body.startswith(b"["):
         body = body[1:]
