@@ -577,7 +577,8 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
         assert what_if.change == change
         assert what_if.now["wait_fraction"] == pytest.approx(today.wait_fraction, abs=fraction_tolerance(today))
         assert what_if.now["training_s"] == pytest.approx(today.books["training_s"], abs=training_tolerance_s(today))
-    assert planted.result.what_if(change)[0].predicted == predicted
+    if planted is jobs.planted(fault):  # (else a later attempt's planted run, on a steadier load)
+        assert planted.result.what_if(change)[0].predicted == predicted
     compared = ab_means([planted, last], with_fix, change)
     planted_s, fixed_s, predicted_s = compared["today_s"], compared["fixed_s"], compared["predicted_s"]
     assert abs(predicted_s - fixed_s) < abs(planted_s - fixed_s), (
