@@ -595,6 +595,19 @@ def driver_style(dash_duo, css: str, name: str) -> str:
 GUNICORN_LOAD_TIMEOUT_S = 120
 
 
+# Each request with its worker's pid, status, size and seconds taken: which requests failed or
+# hung, and which worker served them (the open defect above).
+ACCESS_LOG_FORMAT = 'pid=%(p)s "%(r)s" %(s)s %(B)s %(L)ss'
+
+
+def server_log_digest(log: str) -> str:
+    """gunicorn's log without the page's many successful polls: every line that is not a
+    request served with 200 or 204, and the last 30 lines as they are."""
+    lines = log.splitlines()
+    unusual = [line for line in lines[:-30] if not ('" 200 ' in line or '" 204 ' in line)]
+    return "\n".join([*unusual[-100:], "--- the last 30 lines:", *lines[-30:]])
+
+
 def jobs_state(cache_dir) -> list[dict]:
     """Each queued or running background job of a cache folder: its process's state and CPU time."""
     import diskcache
@@ -626,7 +639,8 @@ def test_gunicorn_workers_share_one_cache(dash_duo, tmp_path):
     log_path = tmp_path / "gunicorn.log"  # a file, not an unread pipe: a full pipe stalls the server
     with open(log_path, "wb") as log:
         server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}",
-                                   "--timeout", "60", "app:server"], cwd=ROOT, env=env,
+                                   "--timeout", "60", "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,
+                                   "app:server"], cwd=ROOT, env=env,
                                   stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}/"
@@ -643,7 +657,8 @@ def test_gunicorn_workers_share_one_cache(dash_duo, tmp_path):
             wait_loaded(dash_duo, len(written.of_kind("getnext")), timeout=GUNICORN_LOAD_TIMEOUT_S)
         except AssertionError as exc:  # with what the servers said, and where the load's job stands
             raise AssertionError(f"{exc}\n--- the jobs: {jobs_state(tmp_path / 'cache')}\n"
-                                 f"--- gunicorn's log:\n{log_path.read_text()[-6000:]}") from None
+                                 f"--- the browser's console: {dash_duo.get_logs()}\n"
+                                 f"--- gunicorn's log:\n{server_log_digest(log_path.read_text())}") from None
         assert text(dash_duo, "workers-count") == str(len(written.of_kind("worker")))
         dash_duo.find_element("#refresh-trial").click()  # unchanged: served from the shared cache
         dash_duo.wait_for_contains_text("#summary", str(tmp_path / "trial"), timeout=20)

@@ -385,18 +385,19 @@ def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
     table = _typed_trace_table(data)
     if table is not None:
         return table, 0, None
-    body = data.strip()
-    if body.startswith(b"["):
-        body = body[1:]
-    if body.endswith(b"]"):
-        body = body[:-1]
     # A file still being written (.tmp) has no closing bracket and ends in a comma.
-    body = body.strip().rstrip(b",")
-    if not body:
+    body = data.strip()
+    opened, closed = body.startswith(b"["), body.endswith(b"]")
+    inner = body[1 if opened else 0:len(body) - 1 if closed else len(body)].strip()
+    events = inner.rstrip(b",")
+    if not events:
         return RAW_TRACE_SCHEMA.empty_table(), 0, None
-    table = _typed_trace_table(b"[" + body + b"]")
-    if table is not None:
-        return table, 0, None
+    # Bracketed anew only where that changes the array: a closed file the fast path refused
+    # has a bad line, and a second full decode of the same array would refuse it again.
+    if not (opened and closed) or len(events) != len(inner):
+        table = _typed_trace_table(b"[" + events + b"]")
+        if table is not None:
+            return table, 0, None
     objects, bad, problem = _json_objects(data, _rescue_with(_TRACE_PARSE))
     return pa.Table.from_pylist([_raw_trace_row(e) for e in objects], schema=RAW_TRACE_SCHEMA), bad, problem
 

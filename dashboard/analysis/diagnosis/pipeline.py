@@ -645,7 +645,8 @@ def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, received
     return waits
 
 
-def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, received, stored) -> list[float]:
+def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, received, _stored) -> list[float]:
+    # (`_stored`: the in-order replay's signature; out of order no batch waits in the store)
     free = list(ready_at)
     outstanding = [0] * workers
     cap = max(1, prefetch // workers)
