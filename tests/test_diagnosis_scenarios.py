@@ -211,7 +211,13 @@ CONTENTION_OF_HANDOVER_MIN = 0.4
 # 0.94-1.23x the waiting removed (budget.UNCONTENDED_HANDOVER_QUANTILE); the clean job with two
 # `yes` against it quiet, 0.80x. 0.35 is 1.5x the worst; a part that counted the whole hand-over
 # beyond delivery itself (1.2-1.3x the removed on those pairs, 1.6-1.9x for all of it) meets it
-# only in part, and one that counted nothing fails.
+# only in part, and one that counted nothing fails. An open defect: a quiet suite run (2026-12-02)
+# failed it, 0.418 s predicted against 0.142 s removed, on a pair that computed 1.5-1.7x slower than
+# the job alone (8.75 / 5.84 s against 5.2-6.3 / 3.2-3.5 s, 3 runs) with no other runnable task at
+# the probes and steal under STOLEN_LOADED; its re-run's hand-over was 2.44 ms a batch (median)
+# against 1.94-2.18 alone, while the model's uncontended one (~1.9 ms) matched the runs alone, and
+# the test alone passed 3 of 3 (removed 0.34-0.52 s). Means of A B B A runs, as the predictions'
+# tests have, are the next step; whether they absorb such a slowdown is not yet measured.
 CONTENTION_SAVING_TOLERANCE = 0.35
 # The job's own hand-over and delivery stay throughput's beside the busy processes: its throughput
 # part there against the re-run's without them (relative). 6 quiet pairs: 0.77-1.20x. With the
