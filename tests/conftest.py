@@ -35,6 +35,23 @@ def pytest_setup_options():
     return options
 
 
+@pytest.fixture(autouse=True)
+def environment_kept():
+    """Each test leaves this process's environment as it found it, whatever a library wrote
+    into it. Why: dask.distributed's nanny writes its pre-spawn environment (its config's
+    `distributed.nanny.pre-spawn-environ`: MALLOC_TRIM_THRESHOLD_=65536, OMP/MKL/OPENBLAS
+    threads 1) into the os.environ of the process that starts a LocalCluster, and every job
+    started later inherited it: glibc then stops raising its mmap threshold, and the
+    scenario jobs' torch compute ran 1.4-1.6x slower in a suite run than alone (the
+    contention job: 8.1-10.4 / 4.6-5.4 s of training with it, 5.8-7.2 / 3.2-3.8 s without).
+    (werkzeug's run_simple leaves WERKZEUG_SERVER_FD behind too.)"""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """URL of a real S3 API server on 127.0.0.1; boto3 reaches it through AWS_ENDPOINT_URL_S3."""
