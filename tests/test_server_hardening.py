@@ -449,6 +449,10 @@ def test_a_burst_of_50_loads_runs_at_most_max_loads_at_once(tmp_path):
         finally:
             done.set()
             sampler.join(10)
+        for path, result in results.items():
+            if not (result.values.get("trial-store.data") or {}).get("key"):
+                raise AssertionError(f"{path}: no trial loaded (HTTP {result.status}, {result.values!r}); "
+                                     f"the server's log:\n{server.log()[-8000:]}")
         stores = {path: loaded_store(result) for path, result in results.items()}
         for path, trial in written.items():
             pair = [stores[path], stores[path + "/"]]
@@ -492,6 +496,7 @@ class S3Server:
         self.server = None
         self.endpoint = ""
         self.hold_from: str | None = None  # a path, /bucket/key
+        self.hold_under = f"/{BUCKET}/{PREFIX}/"  # the trial whose GETs are held
         self.held = threading.Event()
         self.dead = threading.Event()
         self.let_go = threading.Event()  # held GETs go on: dropped (die) or served (release)
@@ -530,7 +535,7 @@ class S3Server:
                 return self._signature_mismatch(environ, start_response)
             object_path = environ.get("PATH_INFO", "")
             if (self.hold_from is not None and environ["REQUEST_METHOD"] == "GET"
-                    and object_path.startswith(f"/{BUCKET}/{PREFIX}/") and object_path >= self.hold_from):
+                    and object_path.startswith(self.hold_under) and object_path >= self.hold_from):
                 self.held.set()
                 self.let_go.wait(60)
                 if not self.released.is_set():
@@ -566,7 +571,8 @@ class S3Server:
                 pass
         raise ConnectionAbortedError("the S3 server died")  # werkzeug: a dropped connection, quietly
 
-    def arm(self, hold_from_key: str) -> None:
+    def arm(self, hold_from_key: str, prefix: str = PREFIX) -> None:
+        self.hold_under = f"/{BUCKET}/{prefix}/"
         self.hold_from = f"/{BUCKET}/{hold_from_key}"
 
     def release(self) -> None:
@@ -711,6 +717,49 @@ def test_s3_stops_mid_load_the_page_says_so_nothing_is_cached_and_a_retry_reads_
     assert event_tuples(cached.framework) == written_tuples(written)
     assert len(cached.system) == written.system_samples
     assert served.alive()
+
+
+def test_a_load_whose_process_is_killed_tells_its_page_and_a_retry_loads(s3, served, tmp_path):
+    """The out-of-memory killer ends a load's process: the page is told so (Dash took the job for a
+    cancelled one and answered its poll with nothing: the page stopped waiting and said nothing),
+    the server lives on, and loading again reads the trial (the killed load's lock on it is
+    not waited for)."""
+    written = write_trial(str(tmp_path / "trial"), epochs=2, train_batches=10, val_batches=0, rotate_s=0.01)
+    prefix = PREFIX + "-killed"
+    s3.upload(str(tmp_path / "trial"), prefix=prefix)
+    trial = f"s3://{BUCKET}/{prefix}"
+    listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")["Contents"]
+    s3.arm(sorted(o["Key"] for o in listed)[3], prefix)  # the load hangs on its 4th file, alive
+    killed = []
+
+    def kill_the_load():
+        if not s3.held.wait(60):
+            return
+        for child in psutil.Process(served.process.pid).children():
+            if child.status() != psutil.STATUS_ZOMBIE:
+                child.kill()  # (SIGKILL: nothing of the job's own runs after it)
+                killed.append(child.pid)
+
+    killer = threading.Thread(target=kill_the_load)
+    killer.start()
+    try:
+        failed = load(served.page(), trial, timeout_s=60)
+    finally:
+        killer.join(60)
+        s3.release()
+    assert killed, "the load never reached S3"
+    assert failed.status == 200, (failed.status, served.log()[-3000:])
+    message = failed.values.get("error-message.children")
+    assert "trial-store.data" not in failed.values or failed.values["trial-store.data"] is None
+    assert message == ("The server's process for this request ended without a result (its process was "
+                       "stopped or ran out of memory); try again (the server log says more)."), message
+    assert "background job q" in served.log() and "ended without a result" in served.log()
+
+    store = loaded_store(load(served.page(), trial, timeout_s=60))
+    assert store["from_cache"] is False
+    assert shown_counts(show(served.page(), store)) == counts(written)
+    assert served.alive()
+    assert not TRACEBACK.search(served.log()), served.log()
 
 
 # --- broken trials and garbage payloads -------------------------------------------------------------

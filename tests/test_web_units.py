@@ -1074,7 +1074,30 @@ def test_a_result_written_as_its_job_ends_between_dashs_two_reads_is_collected(t
 
     manager.handle.get = get
     assert manager.get_result(key, job) == "the result"
-    assert manager.get_result("never-written", "q8") is manager.UNDEFINED  # a cancelled job stays one
+    manager.terminate_job("q8")  # the page started another load: its poll of this one is answered nothing
+    assert manager.get_result("never-written", "q8") is manager.UNDEFINED
+
+
+def test_a_job_whose_process_ended_without_a_result_is_told_to_its_page(tmp_path):
+    """Dash takes "no result, not running" for a cancelled job and answers the poll with nothing:
+    a load killed by the out-of-memory killer left its page silent. Only a job ended by
+    terminate_job (the page's cancel, or its result taken) stays silent."""
+    from dashboard.web import jobs
+    from dashboard.web.cache import ForkSafeCache
+
+    manager = jobs.QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+    job = _sleeper()
+    identity = jobs._identity(job.pid)
+    with manager.handle.transact():
+        manager.handle.set(jobs.JOB_QUEUE, {4: ["owner", job.pid, time.time(), identity]})
+    assert manager.get_result("key-4", "q4") is manager.UNDEFINED  # running, no result yet
+    job.kill()  # (as the out-of-memory killer does: nothing written)
+    job.wait(10)
+    assert manager.get_result("key-4", "q4") == {"background_callback_error": {"msg": jobs.ENDED_WITHOUT_RESULT,
+                                                                              "tb": ""}}
+    manager.handle.set("key-5", "the result")
+    assert manager.get_result("key-5", "q5") == "the result"  # (a result taken ends its job: terminate_job)
+    assert manager.get_result("key-5", "q5") is manager.UNDEFINED  # a poll after that is not told of a failure
 
 
 def _sleeper():
@@ -1092,13 +1115,13 @@ def test_a_finished_jobs_place_is_freed_only_once_its_process_is_gone(tmp_path, 
     try:
         manager = jobs.QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
         with manager.handle.transact():
-            manager.handle.set(jobs.JOB_QUEUE, {3: ["owner", job.pid, time.time(), jobs._started_at(job.pid)]})
+            manager.handle.set(jobs.JOB_QUEUE, {3: ["owner", job.pid, time.time(), jobs._identity(job.pid)]})
         held_at_kill = []
         kill = jobs._kill
 
-        def recording_kill(pid, started_at):
+        def recording_kill(pid, identity):
             held_at_kill.append(3 in (manager.handle.get(jobs.JOB_QUEUE) or {}))
-            kill(pid, started_at)
+            kill(pid, identity)
             job.wait(10)  # reaped here, as the server reaps the children it forked
 
         monkeypatch.setattr(jobs, "_kill", recording_kill)
@@ -1155,14 +1178,42 @@ def test_a_running_jobs_place_outlasts_any_age_but_not_its_process(tmp_path):
     job = _sleeper()
     try:
         manager = jobs.QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
-        started_at = jobs._started_at(job.pid)
+        identity = jobs._identity(job.pid)
         an_hour_ago = time.time() - 3600
         with manager.handle.transact():
-            manager.handle.set(jobs.JOB_QUEUE, {5: ["owner", job.pid, an_hour_ago, started_at],
-                                                6: ["owner", job.pid, an_hour_ago, started_at - 50]})
+            manager.handle.set(jobs.JOB_QUEUE, {5: ["owner", job.pid, an_hour_ago, identity],
+                                                6: ["owner", job.pid, an_hour_ago, identity + 1]})
         assert manager.job_running("q5")
         assert not manager.job_running("q6")  # the same pid, another process
         assert sorted(manager._live(manager.handle.get(jobs.JOB_QUEUE))) == [5]
+    finally:
+        job.kill()
+        job.wait(10)
+
+
+def test_a_running_jobs_place_outlasts_a_step_of_the_wall_clock(tmp_path, monkeypatch):
+    """psutil gives a process's start time as the kernel's boot time plus the time since boot,
+    and the kernel's boot time moves when the wall clock is stepped (a virtual machine's clock
+    set after a pause, NTP). Told by that start time, a running load became "another process":
+    its place was freed and its page told that it had been cancelled (CI: 1 page of 50 in a
+    burst of loads). Here the boot time psutil reads moves by a second, as the kernel's does."""
+    import psutil
+
+    from dashboard.web import jobs
+    from dashboard.web.cache import ForkSafeCache
+
+    job = _sleeper()
+    try:
+        manager = jobs.QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+        with manager.handle.transact():
+            manager.handle.set(jobs.JOB_QUEUE, {9: ["owner", job.pid, time.time(), jobs._identity(job.pid)]})
+        assert manager.job_running("q9")
+        started = psutil.Process(job.pid).create_time()
+        booted = psutil._psplatform.boot_time
+        monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: booted() + 1.0)
+        assert psutil.Process(job.pid).create_time() - started == pytest.approx(1.0, abs=0.01)  # the step
+        assert manager.job_running("q9")
+        assert sorted(manager._live(manager.handle.get(jobs.JOB_QUEUE))) == [9]
     finally:
         job.kill()
         job.wait(10)

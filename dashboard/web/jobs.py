@@ -28,61 +28,76 @@ from .cache import _lock_token, _process_alive
 
 log = logging.getLogger("dashboard.web")
 
-# {ticket: [owner token, pid, since, the pid's start time]}. pid 0: waiting; -1: starting (a
-# place taken, the process being forked); > 0: running. The start time tells the job's process
+# {ticket: [owner token, pid, since, the process's identity]}. pid 0: waiting; -1: starting (a
+# place taken, the process being forked); > 0: running. The identity tells the job's process
 # from a later one given the same pid: a running job keeps its place however long it runs.
 JOB_QUEUE = "job-queue"
 JOB_TICKET = "job-ticket"  # the last ticket given
 DISPATCH_EVERY_S = 0.1
 STARTING_EXPIRE_S = 60  # a process that marked a place "starting" and never said its pid
+# A job ended by terminate_job (the page started another load, or the job's result was taken)
+# is marked so, for as long as a page could still poll it: its poll then stays Dash's
+# "cancelled". A job that ended without a result and without that mark died (killed, out of
+# memory) or was dropped from the line with its server process: its page is told so.
+CANCELLED = "job-cancelled-"
+CANCELLED_KEEP_S = 3600
+ENDED_WITHOUT_RESULT = "ended without a result (its process was stopped or ran out of memory)"
 KILL_WAIT_S = 1.0
 
 
-def _started_at(pid: int) -> float | None:
+def _identity(pid: int) -> int | None:
+    """Which process has that pid now: psutil's identity of it (its pid and its start time since
+    boot), as a number every process reads alike (a hash of ints and floats is not salted). Not
+    its start time in wall-clock seconds: psutil gives that as the kernel's boot time plus the
+    time since boot, and the kernel's boot time moves whenever the wall clock is stepped (a
+    virtual machine's clock set after a pause, NTP): a running job was then read as a later
+    process of its pid, its place freed and its page told that it had been cancelled."""
     try:
-        return psutil.Process(pid).create_time()
+        return hash(psutil.Process(pid))
     except psutil.Error:
         return None
 
 
-def _process(pid: int, started_at: float | None = None) -> psutil.Process | None:
-    """The process of that pid, if it runs (a zombie has ended) and is the one that started
-    then (not a later one given the same pid)."""
+def _process(pid: int, identity: int | None = None) -> psutil.Process | None:
+    """The process of that pid, if it runs (a zombie has ended) and is the one of that identity
+    (not a later one given the same pid)."""
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:
             return None
-        if started_at is not None and abs(process.create_time() - started_at) >= 0.01:
+        if identity is not None and hash(process) != identity:
             return None
         return process
     except psutil.Error:
         return None
 
 
-def _alive(pid: int, started_at: float | None = None) -> bool:
-    return _process(pid, started_at) is not None
+def _alive(pid: int, identity: int | None = None) -> bool:
+    return _process(pid, identity) is not None
 
 
-def _started_of(entry: list) -> float | None:
-    """A queue entry's process start time (None in an entry of an older version)."""
-    return entry[3] if len(entry) > 3 else None
+def _identity_of(entry: list) -> int | None:
+    """A queue entry's process identity (None where an older version wrote the entry: none, or
+    the process's start time, a float)."""
+    identity = entry[3] if len(entry) > 3 else None
+    return identity if isinstance(identity, int) else None
 
 
 def _running(entry: list, now: float) -> bool:
     """Whether the job of a queue entry still waits, starts or runs."""
     owner, pid, since = entry[:3]
     if pid > 0:
-        return _alive(pid, _started_of(entry))
+        return _alive(pid, _identity_of(entry))
     if pid < 0:
         return _process_alive(owner) and now - since < STARTING_EXPIRE_S
     return _process_alive(owner)
 
 
-def _kill(pid: int, started_at: float | None) -> None:
+def _kill(pid: int, identity: int | None) -> None:
     """Kills a job's process and its children, and waits a moment for it to end; outside any
     transaction of the job store (Dash's terminate_job holds one through its wait, and every
     fork and write of the queue waits with it)."""
-    process = _process(pid, started_at)
+    process = _process(pid, identity)
     if process is None:
         return  # ended (or its pid is another process's now)
     try:
@@ -93,7 +108,7 @@ def _kill(pid: int, started_at: float | None) -> None:
         with contextlib.suppress(psutil.Error):
             member.kill()
     deadline = time.monotonic() + KILL_WAIT_S
-    while _alive(pid, started_at) and time.monotonic() < deadline:
+    while _alive(pid, identity) and time.monotonic() < deadline:
         time.sleep(0.01)
     with contextlib.suppress(psutil.Error):
         process.wait(0)  # reaped, where this process forked it
@@ -212,21 +227,21 @@ class QueueingManager(dash.DiskcacheManager):
                     self._pending[ticket] = job
                     self._keep_dispatching()
             return
-        started_at = _started_at(pid)
+        identity = _identity(pid)
         try:
             with self.handle.transact():
                 queue = self.handle.get(JOB_QUEUE) or {}
                 cancelled = ticket not in queue  # while it was starting: it must not run without a place
                 if not cancelled:
-                    queue[ticket][1:] = [pid, time.time(), started_at]
+                    queue[ticket][1:] = [pid, time.time(), identity]
                     self.handle.set(JOB_QUEUE, queue)
         except Exception:  # noqa: BLE001 - a job the queue cannot count must not run (its page
             # then stops as for a cancelled job, once the place "starting" expires)
             log.warning("a started background load could not be recorded; stopped", exc_info=True)
-            _kill(pid, started_at)
+            _kill(pid, identity)
             return
         if cancelled:
-            _kill(pid, started_at)
+            _kill(pid, identity)
 
     @staticmethod
     def _live(queue: dict) -> dict:
@@ -253,6 +268,12 @@ class QueueingManager(dash.DiskcacheManager):
         result = super().get_result(key, job)
         if result is self.UNDEFINED and job is not None and not self.job_running(job):
             result = super().get_result(key, job)
+            ticket = self._ticket(job)
+            if result is self.UNDEFINED and ticket is not None and self.handle.get(f"{CANCELLED}{ticket}") is None:
+                # Dash takes this for a cancelled job and answers nothing: the page stopped
+                # waiting and said nothing (a load killed by the out-of-memory killer).
+                log.warning("background job %s %s", job, ENDED_WITHOUT_RESULT)
+                result = {"background_callback_error": {"msg": ENDED_WITHOUT_RESULT, "tb": ""}}
         return result
 
     def get_progress(self, key):
@@ -274,6 +295,7 @@ class QueueingManager(dash.DiskcacheManager):
         ticket = self._ticket(job)
         if ticket is None:
             return super().terminate_job(job)
+        self.handle.set(f"{CANCELLED}{ticket}", True, expire=CANCELLED_KEEP_S)
         # Decided in one transaction: a job waiting or starting leaves the queue at once (the
         # process that starts it kills what it forked: _start); a running one is killed first
         # and its place freed after. Freed before, the place let the next job start while
@@ -289,12 +311,12 @@ class QueueingManager(dash.DiskcacheManager):
                 del queue[ticket]
                 self.handle.set(JOB_QUEUE, queue)
                 return
-        pid, started_at = entry[1], _started_of(entry)
-        _kill(pid, started_at)  # (a running job's pid is its last: no other can be written meanwhile)
+        pid, identity = entry[1], _identity_of(entry)
+        _kill(pid, identity)  # (a running job's pid is its last: no other can be written meanwhile)
         with self.handle.transact():
             queue = self.handle.get(JOB_QUEUE) or {}
             entry = queue.get(ticket)
-            if entry is not None and not _alive(pid, started_at):
+            if entry is not None and not _alive(pid, identity):
                 del queue[ticket]
                 self.handle.set(JOB_QUEUE, queue)
 

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 
 import dash
 import flask
+from dash.exceptions import BackgroundCallbackError
 
 from ..serving import MAX_REQUEST_BYTES, listening_hosts
 from ..trial.columnar_cache import PRIVATE_FILE
 from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
 from .callbacks import Context, queued_progress, register_callbacks
-from .jobs import QueueingManager
-from .layout import build_layout
+from .jobs import ENDED_WITHOUT_RESULT, QueueingManager
+from .layout import Ids, build_layout
 from .options import (DEFAULT_EVENT_BUDGET_MB, DEFAULT_MAX_EVENTS, DEFAULT_MAX_FILES, DEFAULT_MAX_TRIAL_MB, MB,
                       default_max_loads, limit)
 
@@ -182,9 +183,28 @@ def _log_failed_request(exc_info) -> None:
     log.debug("the traceback of that request", exc_info=exc_info)
 
 
-def _log_failed_callback(exc: Exception) -> None:
-    log.warning("a callback failed, its outputs are left unchanged: %s: %s", type(exc).__name__, _clip(str(exc)))
+# Where a background callback says that it failed. Its own failures it reports there itself; one
+# it cannot (its process ended without a result: jobs.ENDED_WITHOUT_RESULT) is said there too,
+# or the page stopped waiting and said nothing.
+FAILURE_OUTPUTS = {(Ids.ERROR, "children"), (Ids.COMPARE_ERROR, "children")}
+
+
+def _log_failed_callback(exc: Exception):
+    """Dash's error handler: the failure in the log; for a background callback, its message in the
+    callback's failure output (the others left unchanged)."""
+    log.warning("a callback failed: %s: %s", type(exc).__name__, _clip(str(exc)))
     log.debug("the traceback of that callback", exc_info=exc)
+    if not isinstance(exc, BackgroundCallbackError):
+        return None
+    outputs = dash.callback_context.outputs_list
+    listed = outputs if isinstance(outputs, list) else [outputs]
+    said = [isinstance(o, dict) and (o.get("id"), o.get("property")) in FAILURE_OUTPUTS for o in listed]
+    if not any(said):
+        return None
+    reason = ENDED_WITHOUT_RESULT if ENDED_WITHOUT_RESULT in str(exc) else f"failed ({type(exc).__name__})"
+    text = f"The server's process for this request {reason}; try again (the server log says more)."
+    values = [text if told else dash.no_update for told in said]
+    return values if isinstance(outputs, list) else values[0]
 
 
 def _guard(server: flask.Flask, allowed_hosts: list[str] | None) -> None:
