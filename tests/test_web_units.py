@@ -1307,3 +1307,40 @@ def test_a_new_server_processes_first_drag_reads_the_loaders_batches_from_the_di
     monkeypatch.setattr(per_batch, "loader_batches", recomputed)
     second = Context(cache=TrialCache(str(tmp_path / "cache")), default_trial="", roots=[str(tmp_path)])
     assert draw_window(second, key, None, *window, ".*", ".*", None, None) == drawn
+
+
+def test_a_failure_a_load_cannot_report_itself_is_said_in_its_error_output():
+    """The server's error handler: a failure of a callback that has the page's error output (the
+    loads: their job store not answering a poll, their process gone) is said there; the page
+    stopped waiting and said nothing before. Another callback's failure leaves its outputs."""
+    import dash
+    from dash import Input, Output, html
+
+    from dashboard.web.layout import Ids
+    from dashboard.web.server import _log_failed_callback
+
+    app = dash.Dash(__name__, on_error=_log_failed_callback)
+    app.layout = html.Div([html.Div(id="ask"), html.Div(id=Ids.ERROR), html.Div(id="other"), html.Div(id="note")])
+
+    @app.callback(Output("other", "children"), Output(Ids.ERROR, "children"), Input("ask", "children"))
+    def load_like(_):
+        raise TimeoutError("the job store did not answer")
+
+    @app.callback(Output("note", "children"), Input("ask", "children"))
+    def other(_):
+        raise TimeoutError("the job store did not answer")
+
+    def call(outputs: list[tuple[str, str]]):
+        output = "...".join(f"{i}.{p}" for i, p in outputs)  # (Dash's id of several outputs)
+        return app.server.test_client().post("/_dash-update-component", json={
+            "output": f"..{output}.." if len(outputs) > 1 else output,
+            "outputs": [{"id": i, "property": p} for i, p in outputs] if len(outputs) > 1
+            else {"id": outputs[0][0], "property": outputs[0][1]},
+            "inputs": [{"id": "ask", "property": "children", "value": "x"}], "changedPropIds": ["ask.children"]})
+
+    told = call([("other", "children"), (Ids.ERROR, "children")])
+    assert told.status_code == 200, told.data
+    assert told.get_json()["response"] == {Ids.ERROR: {"children": "This request failed on the server "
+                                                                   "(TimeoutError); try again (the server log says more)."}}
+    untold = call([("note", "children")])
+    assert untold.status_code == 200 and not untold.get_json()["response"], untold.data  # nothing changed

@@ -183,26 +183,27 @@ def _log_failed_request(exc_info) -> None:
     log.debug("the traceback of that request", exc_info=exc_info)
 
 
-# Where a background callback says that it failed. Its own failures it reports there itself; one
-# it cannot (its process ended without a result: jobs.ENDED_WITHOUT_RESULT) is said there too,
-# or the page stopped waiting and said nothing.
+# Where the background callbacks (the loads) say that they failed. Their own failures they report
+# there themselves; one they cannot is said there too, or the page stopped waiting and said
+# nothing: the job's process ended without a result (jobs.ENDED_WITHOUT_RESULT), or a poll of
+# it failed (the job store did not answer).
 FAILURE_OUTPUTS = {(Ids.ERROR, "children"), (Ids.COMPARE_ERROR, "children")}
 
 
 def _log_failed_callback(exc: Exception):
-    """Dash's error handler: the failure in the log; for a background callback, its message in the
-    callback's failure output (the others left unchanged)."""
+    """Dash's error handler: the failure in the log; where the callback has a failure output, its
+    message there (the other outputs left unchanged)."""
     log.warning("a callback failed: %s: %s", type(exc).__name__, _clip(str(exc)))
     log.debug("the traceback of that callback", exc_info=exc)
-    if not isinstance(exc, BackgroundCallbackError):
-        return None
     outputs = dash.callback_context.outputs_list
     listed = outputs if isinstance(outputs, list) else [outputs]
     said = [isinstance(o, dict) and (o.get("id"), o.get("property")) in FAILURE_OUTPUTS for o in listed]
     if not any(said):
         return None
-    reason = ENDED_WITHOUT_RESULT if ENDED_WITHOUT_RESULT in str(exc) else f"failed ({type(exc).__name__})"
-    text = f"The server's process for this request {reason}; try again (the server log says more)."
+    if isinstance(exc, BackgroundCallbackError) and ENDED_WITHOUT_RESULT in str(exc):
+        text = f"The server's process for this request {ENDED_WITHOUT_RESULT}; try again (the server log says more)."
+    else:
+        text = f"This request failed on the server ({type(exc).__name__}); try again (the server log says more)."
     values = [text if told else dash.no_update for told in said]
     return values if isinstance(outputs, list) else values[0]
 
