@@ -751,8 +751,8 @@ def test_a_load_whose_process_is_killed_tells_its_page_and_a_retry_loads(s3, ser
     assert failed.status == 200, (failed.status, served.log()[-3000:])
     message = failed.values.get("error-message.children")
     assert "trial-store.data" not in failed.values or failed.values["trial-store.data"] is None
-    assert message == ("The server's process for this request ended without a result (its process was "
-                       "stopped or ran out of memory); try again (the server log says more)."), message
+    assert message == ("The server's process for this request ended without a result (stopped, or out of "
+                       "memory); try again (the server log says more)."), message
     assert "background job q" in served.log() and "ended without a result" in served.log()
 
     store = loaded_store(load(served.page(), trial, timeout_s=60))

@@ -41,7 +41,7 @@ STARTING_EXPIRE_S = 60  # a process that marked a place "starting" and never sai
 # memory) or was dropped from the line with its server process: its page is told so.
 CANCELLED = "job-cancelled-"
 CANCELLED_KEEP_S = 3600
-ENDED_WITHOUT_RESULT = "ended without a result (its process was stopped or ran out of memory)"
+ENDED_WITHOUT_RESULT = "ended without a result (stopped, or out of memory)"
 KILL_WAIT_S = 1.0
 
 
