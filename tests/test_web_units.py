@@ -1078,6 +1078,31 @@ def test_a_result_written_as_its_job_ends_between_dashs_two_reads_is_collected(t
     assert manager.get_result("never-written", "q8") is manager.UNDEFINED
 
 
+def test_a_job_that_writes_its_result_and_ends_just_after_the_read_is_polled_again(tmp_path):
+    """Dash reads a job's result, then asks whether the job runs: a job found running at the read
+    that wrote its result and ended before that question was answered "not running", and Dash
+    answered the page's poll with HTTP 204 ("cancelled"; CI's burst test: 1 page of 50 with
+    nothing in the server's log). The answer follows the read: still running, polled again."""
+    from dashboard.web import jobs
+    from dashboard.web.cache import ForkSafeCache
+
+    manager = jobs.QueueingManager(ForkSafeCache(str(tmp_path / "jobs")), limit=1)
+    job = _sleeper()
+    try:
+        with manager.handle.transact():
+            manager.handle.set(jobs.JOB_QUEUE, {2: ["owner", job.pid, time.time(), jobs._identity(job.pid)]})
+        assert manager.get_result("key-2", "q2") is manager.UNDEFINED  # Dash's read: running, no result
+        manager.handle.set("key-2", "the result")  # the job writes its result and ends
+        job.kill()
+        job.wait(10)
+        assert manager.job_running("q2")  # Dash's question after that read: still running
+        assert not manager.job_running("q2")  # (any later question: the truth)
+        assert manager.get_result("key-2", "q2") == "the result"  # the page's next poll
+    finally:
+        job.kill()
+        job.wait(10)
+
+
 def test_a_job_whose_process_ended_without_a_result_is_told_to_its_page(tmp_path):
     """Dash takes "no result, not running" for a cancelled job and answers the poll with nothing:
     a load killed by the out-of-memory killer left its page silent. Only a job ended by

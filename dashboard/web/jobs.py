@@ -130,6 +130,7 @@ class QueueingManager(dash.DiskcacheManager):
         self._told: dict[int, int] = {}  # ticket -> the place last shown
         self._lock = threading.Lock()
         self._dispatcher: threading.Thread | None = None
+        self._request = threading.local()  # the job a poll's get_result found running (each request a thread)
 
     def make_job_fn(self, fn, progress, key=None):
         job_fn = super().make_job_fn(fn, progress, key)
@@ -262,18 +263,26 @@ class QueueingManager(dash.DiskcacheManager):
 
     def get_result(self, key, job):
         # Dash reads the result, then asks whether the job runs, and takes "no result and not
-        # running" for a cancelled job: a job that wrote its result and ended between the two
-        # reads left its page waiting for nothing (a burst of loads under load: 1 in 50). A
-        # job writes its result before it ends, so one read more after it has ended finds it.
+        # running" for a cancelled job: a job that writes its result and ends between the two
+        # left its page waiting for nothing, Dash answering its poll with HTTP 204 (a burst of
+        # 50 loads: 1 page in 50, under load and, once, quiet). So the answer follows the read:
+        # a job found running after a read without its result is still running for Dash's
+        # question that follows (the page polls again, and gets the result); a job found ended
+        # is read once more (it writes its result before it ends).
+        self._request.running = None
         result = super().get_result(key, job)
-        if result is self.UNDEFINED and job is not None and not self.job_running(job):
-            result = super().get_result(key, job)
-            ticket = self._ticket(job)
-            if result is self.UNDEFINED and ticket is not None and self.handle.get(f"{CANCELLED}{ticket}") is None:
-                # Dash takes this for a cancelled job and answers nothing: the page stopped
-                # waiting and said nothing (a load killed by the out-of-memory killer).
-                log.warning("background job %s %s", job, ENDED_WITHOUT_RESULT)
-                result = {"background_callback_error": {"msg": ENDED_WITHOUT_RESULT, "tb": ""}}
+        if result is not self.UNDEFINED or job is None:
+            return result
+        if self.job_running(job):
+            self._request.running = job
+            return result
+        result = super().get_result(key, job)
+        ticket = self._ticket(job)
+        if result is self.UNDEFINED and ticket is not None and self.handle.get(f"{CANCELLED}{ticket}") is None:
+            # Dash takes this for a cancelled job and answers nothing: the page stopped
+            # waiting and said nothing (a load killed by the out-of-memory killer).
+            log.warning("background job %s %s", job, ENDED_WITHOUT_RESULT)
+            result = {"background_callback_error": {"msg": ENDED_WITHOUT_RESULT, "tb": ""}}
         return result
 
     def get_progress(self, key):
@@ -285,6 +294,9 @@ class QueueingManager(dash.DiskcacheManager):
         return self.handle.pop(self._make_progress_key(key), None)
 
     def job_running(self, job):
+        if job is not None and getattr(self._request, "running", None) == job:
+            self._request.running = None  # (Dash's question after get_result: answered by its read)
+            return True
         ticket = self._ticket(job)
         if ticket is None:
             return super().job_running(job)
