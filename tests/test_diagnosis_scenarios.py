@@ -135,6 +135,10 @@ TRAINING_RELATIVE_TOLERANCE = 0.35
 # at the cores less all of the main process's use, so more workers got fewer cores than today's)
 # predicted -0.07..-0.13 quiet, and a model that took these workers for latency-bound ones (twice
 # the workers, half the wait) predicts a gain of 0.5 or more.
+# OPEN DEFECT (2026-12-03, a quiet full suite): predicted +0.087, measured -0.161 (A 2.48, 2.53 s;
+# B 2.65, 3.16 s): one re-run drew a mode 19 % slower than its pair, past the worst draw above.
+# The host's load probes saw nothing. Not widened: to be settled on more runs (more A B B A
+# groups, or the mode told apart from the change) before the tolerance is set again.
 CPU_GAIN_TOLERANCE = 0.20
 # The hand-over the cpu_saturated finding names (finished batches waiting for the worker's
 # queue thread, which needs the GIL and a core that the next sample's work holds) is removed by
