@@ -135,10 +135,23 @@ TRAINING_RELATIVE_TOLERANCE = 0.35
 # at the cores less all of the main process's use, so more workers got fewer cores than today's)
 # predicted -0.07..-0.13 quiet, and a model that took these workers for latency-bound ones (twice
 # the workers, half the wait) predicts a gain of 0.5 or more.
-# OPEN DEFECT (2026-12-03, a quiet full suite): predicted +0.087, measured -0.161 (A 2.48, 2.53 s;
-# B 2.65, 3.16 s): one re-run drew a mode 19 % slower than its pair, past the worst draw above.
-# The host's load probes saw nothing. Not widened: to be settled on more runs (more A B B A
-# groups, or the mode told apart from the change) before the tolerance is set again.
+# A quiet full suite then failed it with one group: predicted +0.087, measured -0.161 (A 2.48,
+# 2.53 s; B 2.65, 3.16 s: one re-run drew a mode 19 % slower than its pair). 20 pairs A B run
+# back to back on a quiet host (2026-12-03): single-pair gains -0.21..+0.18, predictions
+# -0.05..+0.12 (the mean of all: measured +0.01, predicted +0.05). Drawing pairs from them (10^4
+# draws, each pair kept whole: its two runs share the host's speed at that time), the miss of one
+# A B B A group exceeds 0.20 in 3.3 % of draws (p99 0.24); of two groups' means in 0.4 % (p95
+# 0.14, p99 0.18); of three in 0.08 %. Hence CPU_GAIN_GROUPS = 2 (8 re-runs, about 30 s more).
+# OPEN DEFECT, with other processes busy (two `yes`, 8 pairs): the model predicts too little
+# gain, +0.02..+0.16 against +0.11..+0.38 measured (two groups' miss: p50 0.15, above 0.20 in 18
+# % of draws). There today's wait is almost all hand-over (a finished batch waited ~32 ms for the
+# main process to take it, 3.8 ms when stored ahead), which the replay keeps at today's cost;
+# the re-runs with 4 workers waited half as long. Counting the other processes by their runnable
+# threads (from the workers' measured contention) instead of their use of the cores moved the
+# workers' cores the right way (1.14 -> 1.27 of 2) but lowered the prediction: the replay's wait
+# is not monotonic in the cores there (a faster supply turns stored batches into received ones at
+# 32 ms each). Not fixed: the hand-over's cost under other load needs its own model.
+CPU_GAIN_GROUPS = 2
 CPU_GAIN_TOLERANCE = 0.20
 # The hand-over the cpu_saturated finding names (finished batches waiting for the worker's
 # queue thread, which needs the GIL and a core that the next sample's work holds) is removed by
@@ -655,8 +668,10 @@ def test_more_workers_gain_what_the_model_predicts_when_the_cores_are_saturated(
     def doubled_workers(planted):
         return {"num_workers": 2 * planted.books["settings"]["num_workers"]}, ()
 
-    # Measured on means of runs in the order A B B A, on one host load (see CPU_GAIN_TOLERANCE).
-    planted, first, *doubled, last = jobs.steady("cpu", again, doubled_workers, doubled_workers, again)
+    # Measured on means of runs in CPU_GAIN_GROUPS groups A B B A, on one host load (see CPU_GAIN_TOLERANCE).
+    planted, *remade = jobs.steady("cpu", *[again, doubled_workers, doubled_workers, again] * CPU_GAIN_GROUPS)
+    today = [run for run in remade if not run.change]
+    doubled = [run for run in remade if run.change]
     change = doubled[0].change
     (what_if,) = planted.result.what_if(change)
     assert what_if.change == change
@@ -664,7 +679,6 @@ def test_more_workers_gain_what_the_model_predicts_when_the_cores_are_saturated(
     assert what_if.now["wait_fraction"] == pytest.approx(planted.wait_fraction, abs=fraction_tolerance(planted))
     assert what_if.now["training_s"] == pytest.approx(planted.books["training_s"], abs=training_tolerance_s(planted))
 
-    today = [first, last]
     predictions = [run.result.what_if(change)[0] for run in today]
     predicted_gain = statistics.mean(1 - p.predicted["training_s"] / p.now["training_s"] for p in predictions)
     today_s = statistics.mean(run.books["training_s"] for run in today)
