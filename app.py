@@ -18,47 +18,41 @@ SAMPLE_TRIAL = os.path.join(HERE, "examples", "sample-trial", "trial")
 
 
 def _analyze(args) -> int:
-    from dashboard import analyze
-    from dashboard.report import to_dict, to_text
     from dashboard.trial.errors import TrialError
-
-    from dashboard.analysis.diagnosis import parse_what_if
+    from dashboard.what_if_settings import parse as parse_what_if
 
     try:
         what_if = [parse_what_if(text) for text in args.what_if]
     except ValueError as exc:
         print(f"error: --what-if: {exc}", file=sys.stderr)
         return 2
-    file_cache = None
-    if args.cache_dir:
-        from dashboard.trial.columnar_cache import ColumnarFileCache
-
-        try:
-            file_cache = ColumnarFileCache(args.cache_dir)
-        except OSError as exc:
-            print(f"error: --cache-dir: {exc}", file=sys.stderr)
-            return 2
     whole_job = args.node is None and args.rank is None
     if args.by_rank and not whole_job:
         print("error: --by-rank analyzes the whole job: leave out --node and --rank", file=sys.stderr)
         return 2
+    results = None
+    if args.cache_dir:
+        from dashboard.result_cache import ResultCache
+
+        try:
+            results = ResultCache(args.cache_dir)
+        except OSError as exc:
+            print(f"error: --cache-dir: {exc}", file=sys.stderr)
+            return 2
     try:
-        dask_client = None
-        if args.dask_scheduler:
-            from dashboard.trial.dask_cluster import connect
+        store = files = key = None
+        if results is not None:
+            # Listed once: the key names this listing, and the analysis reads this listing.
+            from dashboard.trial.store import open_store
 
-            dask_client = connect(args.dask_scheduler)
-        if args.by_rank or (dask_client is not None and whole_job):
-            from dashboard.by_rank import analyze_by_rank
-
-            options = _load_options(args)
-            result = analyze_by_rank(args.trial, client=dask_client, processes=options.pop("processes"),
-                                     outlier_factor=args.outlier_factor, cache_dir=args.cache_dir, **options)
-        else:
-            # assess: the report shows the verdict and budget anyway, and computing them first
-            # lowers the process's peak (see dashboard.analyze).
-            result = analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor,
-                             assess=True, file_cache=file_cache, dask_client=dask_client, **_load_options(args))
+            store = open_store(args.trial)
+            files = store.list()
+            key = results.key(args.trial, store.canonical_path, files, _analyze_options(args, what_if, whole_job))
+            output = results.get(key)
+            if output is not None:
+                _write(output)
+                return 0
+        result = _analysis(args, whole_job, store, files)
     except TrialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -67,15 +61,51 @@ def _analyze(args) -> int:
     except Exception as exc:  # a bug of ours: still one line, no traceback for the user
         print(f"error: {args.trial}: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
-    try:
-        if args.json:
-            sys.stdout.write(json.dumps(to_dict(result, what_if), allow_nan=False) + "\n")
-        else:
-            print(to_text(result, what_if=what_if))
-        sys.stdout.flush()
-    except BrokenPipeError:  # `analyze ... | head`: the reader left; not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    from dashboard.report import to_dict, to_text
+
+    if args.json:
+        output = json.dumps(to_dict(result, what_if), allow_nan=False) + "\n"
+    else:
+        output = to_text(result, what_if=what_if) + "\n"
+    _write(output)
+    if key is not None and result.trial.report.complete:
+        results.put(key, output)
     return 0
+
+
+def _analyze_options(args, what_if: list[dict], whole_job: bool) -> dict:
+    """Every option of `analyze` that can change its output (the result cache's key)."""
+    return {"json": args.json, "node": args.node, "rank": args.rank, "outlier_factor": args.outlier_factor,
+            "what_if": what_if, "max_bytes": args.max_bytes, "max_events": args.max_events,
+            "max_files": args.max_files, "by_rank": bool(args.by_rank or (args.dask_scheduler and whole_job))}
+
+
+def _analysis(args, whole_job: bool, store, files):
+    """The analysis `analyze` prints: of the listing `files` of `store` when given (else the
+    load lists the trial)."""
+    from dashboard import analyze
+
+    file_cache = None
+    if args.cache_dir:
+        from dashboard.trial.columnar_cache import ColumnarFileCache
+
+        file_cache = ColumnarFileCache(args.cache_dir)
+    dask_client = None
+    if args.dask_scheduler:
+        from dashboard.trial.dask_cluster import connect
+
+        dask_client = connect(args.dask_scheduler)
+    if args.by_rank or (dask_client is not None and whole_job):
+        from dashboard.by_rank import analyze_by_rank
+
+        options = _load_options(args)
+        return analyze_by_rank(args.trial, client=dask_client, processes=options.pop("processes"),
+                               outlier_factor=args.outlier_factor, cache_dir=args.cache_dir, files=files,
+                               **options)
+    # assess: the report shows the verdict and budget anyway, and computing them first lowers
+    # the process's peak (see dashboard.analyze).
+    return analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor, assess=True,
+                   file_cache=file_cache, dask_client=dask_client, store=store, files=files, **_load_options(args))
 
 
 def _write(text: str) -> None:
@@ -183,8 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="read and parse the trial's files as tasks of this dask.distributed scheduler's "
                               "workers (they read S3 with their own credentials; pip install -r "
                               "requirements-dask.txt); default: DASHBOARD_DASK_SCHEDULER, else here")
-    analyze.add_argument("--cache-dir", help="keep each file's parse as Arrow columns in this folder: the next "
-                         "analyze of the trial reads them instead of the JSON (files that changed are read again)")
+    analyze.add_argument("--cache-dir", help="keep each file's parse as Arrow columns in this folder, and each "
+                         "answer: the next analyze of an unchanged trial prints the kept answer, of a changed one "
+                         "reads the columns instead of the JSON (files that changed are read again)")
     analyze.add_argument("--by-rank", action="store_true",
                          help="analyze one rank at a time, each in a worker process (with --dask-scheduler, on "
                               "the cluster's workers, which is the default there): no process holds the whole "

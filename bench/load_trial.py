@@ -11,6 +11,8 @@ and 1 GPU of system metrics every 500 ms, then measures in fresh processes:
   columnar: a reopen in a new process with every file's columns in the columnar cache
   (dashboard/trial/columnar_cache.py, written by an earlier process), load alone and with
   the analyses, and its peak RSS (target <= 0.4 s of load).
+  reopen: the whole `analyze --json --cache-dir` process on the unchanged trial, whose answer an
+  earlier run kept (dashboard/result_cache.py).
 Targets on a 2-core machine: cold <= 1.5 s, peak RSS <= 270 MB.
 If `smdebug` is importable (here, or in the Python given by --reference-python), its
 PandasFrame + PT_dataloader_analysis run on the same trial, in the same run, for the ratio:
@@ -113,13 +115,13 @@ def columnar_child(folder: str, cache_dir: str) -> None:
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def cli_child(folder: str) -> None:
+def cli_child(folder: str, *more_args: str) -> None:
     """The whole `app.py analyze --json` process, as a user runs it (imports, a load parsed in
     worker processes, the four analyses, verdict and findings): its wall time, and the peak
     RSS of the largest process of it (RUSAGE_CHILDREN: this process has no other child)."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "app.py"), "analyze", folder, "--json"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "app.py"), "analyze", folder, "--json",
+                    *more_args], check=True, stdout=subprocess.DEVNULL)
     print(json.dumps({"wall_s": time.perf_counter() - t0,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 
@@ -151,7 +153,7 @@ def main() -> int:
     parser.add_argument("--reference-python", help="a Python with smdebug installed, to run the reference "
                         "on the same trial (smdebug pins old packages: give it its own virtual environment)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--cli-child", help=argparse.SUPPRESS)
+    parser.add_argument("--cli-child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--reference-child", help=argparse.SUPPRESS)
     parser.add_argument("--columnar-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -165,7 +167,7 @@ def main() -> int:
         reference_child(args.reference_child)
         return 0
     if args.cli_child:
-        cli_child(args.cli_child)
+        cli_child(*args.cli_child)
         return 0
     t0 = time.perf_counter()
     folder = make_trial(args.batches)
@@ -203,6 +205,13 @@ def main() -> int:
     print(f"  load from columns      s: {spread([r['load_s'] for r in warm])}   target <= 0.4")
     print(f"  load + 4 analyses      s: {spread([r['load_analyses_s'] for r in warm])}")
     print(f"  peak RSS              MB: {spread([r['peak_rss_mb'] for r in warm])}")
+    with tempfile.TemporaryDirectory() as cache_dir:
+        # The first run fills the folder (columns and answer); the next reopen the unchanged trial.
+        reopens = [json.loads(subprocess.run([sys.executable, __file__, "--cli-child", folder, "--cache-dir", cache_dir],
+                                             capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+                   for _ in range(args.runs + 1)][1:]
+    print(f"reopen of the unchanged trial, `analyze --json --cache-dir` (its answer kept) s: "
+          f"{spread([r['wall_s'] for r in reopens])}, peak RSS MB: {spread([r['peak_rss_mb'] for r in reopens])}")
     reference_python = args.reference_python or (sys.executable if _smdebug_importable() else None)
     if reference_python is None:
         print("smdebug not importable: reference not run (see --reference-python; it took ~19-22 s and "

@@ -27,13 +27,13 @@ import os
 import shutil
 import struct
 import threading
-import uuid
 import zlib
 
 import pyarrow as pa
 
 from .frames import FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA
 from .load import ParsedEntry
+from .private_files import make_private_folder, write_whole
 from .smdebug_format import ParsedFile
 
 MAGIC = b"DLPCOL01"  # the layout's version: a file of another layout is a miss
@@ -41,22 +41,8 @@ _HEADER = struct.Struct("<8sIQ")
 SUFFIX = ".arrow"
 _META = b"dashboard.parsed"
 _SCHEMAS = (FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA)
-PRIVATE_FOLDER, PRIVATE_FILE = 0o700, 0o600
 # What the cache leaves free on its disk: a full disk would fail the server's other writes.
 DEFAULT_KEEP_FREE_BYTES = 64 * 2**20
-
-
-def make_private_folder(directory: str) -> None:
-    """Makes `directory` (0700), or checks it: one that others may enter is made private, one
-    owned by another user refused (that user could put files there for the server to load).
-    The one check of every cache folder (the server's caches use it too)."""
-    os.makedirs(directory, mode=PRIVATE_FOLDER, exist_ok=True)
-    info = os.stat(directory)
-    if info.st_uid != os.geteuid():
-        raise PermissionError(f"the cache folder {directory} belongs to another user (uid {info.st_uid}); "
-                              f"give the cache a folder of its own")
-    if info.st_mode & 0o077:
-        os.chmod(directory, PRIVATE_FOLDER)  # (a folder made before, or under a loose umask)
 
 
 class ColumnarFileCache:
@@ -123,17 +109,7 @@ class ColumnarFileCache:
         try:
             if shutil.disk_usage(self.directory).free - size < self.keep_free_bytes:
                 return
-            temporary = os.path.join(self.directory, f".{uuid.uuid4().hex}.tmp")
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
-            try:
-                with os.fdopen(descriptor, "wb") as out:
-                    out.write(header)
-                    out.write(body)  # (Arrow's buffer as it is: no copy of the file in memory)
-                os.replace(temporary, path)  # whole or not at all, for every reader
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.remove(temporary)
-                raise
+            write_whole(path, (header, body))  # (Arrow's buffer as it is: no copy of the file in memory)
         except OSError:
             return  # a full or read-only disk: the load goes on without keeping this file
         with self._lock:

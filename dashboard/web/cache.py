@@ -26,16 +26,13 @@ import contextlib
 import copyreg
 import errno
 import hashlib
-import importlib.metadata
 import io
 import logging
 import os
-import pathlib
 import pickle
 import shutil
 import socket
 import sqlite3
-import sys
 import threading
 import time
 import uuid
@@ -46,8 +43,10 @@ import diskcache
 import pandas as pd
 
 from ..analysis import dataloader, diagnosis
+from ..code_version import code_version
 from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
-from ..trial.columnar_cache import PRIVATE_FILE, ColumnarFileCache, make_private_folder
+from ..trial.columnar_cache import ColumnarFileCache
+from ..trial.private_files import PRIVATE_FILE, make_private_folder
 from ..trial.errors import NotATrialError
 from ..trial.load import Trial, load_trial
 from ..trial.frames import FRAMEWORK_COLUMNS, SYSTEM_COLUMNS, missing_column
@@ -57,7 +56,6 @@ TRIALS_FOLDER = "trials"
 COLUMNS_FOLDER = "columns"  # parsed files (dashboard/trial/columnar_cache.py)
 JOBS_FOLDER = "jobs"
 PAGE_PART = "page:"  # the names of drawn parts of pages (page_part)
-VERSIONED_PACKAGES = ("numpy", "pandas", "pyarrow", "scipy", "plotly", "dash", "msgspec")
 MEMORY_ITEMS = 16  # trials, analyses, views and panels of the last few trials
 MARK_USED_EVERY_S = 60.0  # the culling's order needs no finer clock than this
 # A process that died without a word (killed) while loading holds the trial no longer than
@@ -296,23 +294,9 @@ def trial_key(path: str, listing_fingerprint: str) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
-def _code_version() -> str:
-    """A digest of the dashboard package's source, Python's and the analysis libraries' versions:
-    what an analysis or a drawn part of a page was made by. A server of another version computes
-    its own instead of serving what older code made (a pickle of an unchanged class unpickles,
-    whatever its numbers were made by)."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256(sys.version.encode())
-    # The libraries whose upgrade can change the numbers or the figures.
-    for package in VERSIONED_PACKAGES:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            digest.update(f"\0{package} {importlib.metadata.version(package)}".encode())
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-CODE_VERSION = _code_version()
+# What an analysis or a drawn part of a page was made by (a pickle of an unchanged class
+# unpickles, whatever its numbers were made by).
+CODE_VERSION = code_version()
 
 
 def _derived_name(what: str, key: str, node: str | None, factor: float) -> str:

@@ -23,7 +23,7 @@ import flask
 from dash.exceptions import BackgroundCallbackError
 
 from ..serving import MAX_REQUEST_BYTES, listening_hosts
-from ..trial.columnar_cache import PRIVATE_FILE
+from ..trial.private_files import PRIVATE_FILE
 from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
 from .callbacks import Context, queued_progress, register_callbacks
 from .jobs import ENDED_WITHOUT_RESULT, QueueingManager

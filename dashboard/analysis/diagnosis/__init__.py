@@ -32,7 +32,8 @@ from .pipeline import PipelineModel, build, infer_workers
 from .verdict import (CLASS_HIGHLY, CLASS_MODERATELY, CLASS_NOT, HIGHLY_INPUT_BOUND_PERCENT,
                       MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, process_verdict,
                       trial_verdict)
-from .what_if import KEYS as WHAT_IF_KEYS, WhatIf, parse as parse_what_if, predict, validate as validate_what_if
+from ...what_if_settings import KEYS as WHAT_IF_KEYS, parse as parse_what_if, validate as validate_what_if
+from .what_if import WhatIf, predict
 
 
 @dataclass
