@@ -29,7 +29,7 @@ import zlib
 from typing import Sequence
 
 from .code_version import code_version
-from .trial.private_files import make_private_folder, write_whole
+from .trial.private_files import files_by_last_use, make_private_folder, write_whole
 from .trial.store import FileInfo, fingerprint
 
 RESULTS_FOLDER = "results"
@@ -87,13 +87,8 @@ class ResultCache:
         self._cull()
 
     def _cull(self) -> None:
-        entries = []
-        with contextlib.suppress(OSError), os.scandir(self.directory) as scan:
-            for item in scan:
-                if item.name.endswith(SUFFIX):
-                    with contextlib.suppress(OSError):
-                        entries.append((item.stat().st_mtime_ns, item.path))
-        for _, path in sorted(entries)[:max(len(entries) - MAX_ENTRIES, 0)]:
+        entries = files_by_last_use(self.directory, SUFFIX)
+        for _, _, path in entries[:max(len(entries) - MAX_ENTRIES, 0)]:
             with contextlib.suppress(OSError):
                 os.remove(path)
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from .frames import FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA
 from .load import ParsedEntry
-from .private_files import make_private_folder, write_whole
+from .private_files import files_by_last_use, make_private_folder, write_whole
 from .smdebug_format import ParsedFile
 
 MAGIC = b"DLPCOL01"  # the layout's version: a file of another layout is a miss
@@ -122,15 +122,9 @@ class ColumnarFileCache:
 
     def _cull(self) -> None:
         """Removes the least recently used files until the folder holds size_limit_bytes."""
-        files = []
-        with contextlib.suppress(OSError), os.scandir(self.directory) as scan:
-            for item in scan:
-                if item.name.endswith(SUFFIX):
-                    with contextlib.suppress(OSError):
-                        info = item.stat()
-                        files.append((info.st_mtime_ns, info.st_size, item.path))
+        files = files_by_last_use(self.directory, SUFFIX)
         total = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files):
+        for _, size, path in files:
             if total <= self.size_limit_bytes:
                 break
             with contextlib.suppress(OSError):

@@ -41,3 +41,17 @@ def write_whole(path: str, chunks: Iterable) -> None:
         with contextlib.suppress(OSError):
             os.remove(temporary)
         raise
+
+
+def files_by_last_use(directory: str, suffix: str) -> list[tuple[int, int, str]]:
+    """The files of `directory` named *suffix, least recently used first (a hit touches its
+    file): (mtime_ns, size, path) each; those gone meanwhile are left out. The order a cache
+    culls in."""
+    found = []
+    with contextlib.suppress(OSError), os.scandir(directory) as scan:
+        for item in scan:
+            if item.name.endswith(suffix):
+                with contextlib.suppress(OSError):
+                    info = item.stat()
+                    found.append((info.st_mtime_ns, info.st_size, item.path))
+    return sorted(found)
