@@ -115,13 +115,13 @@ def columnar_child(folder: str, cache_dir: str) -> None:
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def cli_child(folder: str, *more_args: str) -> None:
+def cli_child(folder: str, cache_dir: str | None = None) -> None:
     """The whole `app.py analyze --json` process, as a user runs it (imports, a load parsed in
     worker processes, the four analyses, verdict and findings): its wall time, and the peak
     RSS of the largest process of it (RUSAGE_CHILDREN: this process has no other child)."""
     t0 = time.perf_counter()
     subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "app.py"), "analyze", folder, "--json",
-                    *more_args], check=True, stdout=subprocess.DEVNULL)
+                    *(["--cache-dir", cache_dir] if cache_dir else [])], check=True, stdout=subprocess.DEVNULL)
     print(json.dumps({"wall_s": time.perf_counter() - t0,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 
@@ -207,7 +207,7 @@ def main() -> int:
     print(f"  peak RSS              MB: {spread([r['peak_rss_mb'] for r in warm])}")
     with tempfile.TemporaryDirectory() as cache_dir:
         # The first run fills the folder (columns and answer); the next reopen the unchanged trial.
-        reopens = [json.loads(subprocess.run([sys.executable, __file__, "--cli-child", folder, "--cache-dir", cache_dir],
+        reopens = [json.loads(subprocess.run([sys.executable, __file__, "--cli-child", folder, cache_dir],
                                              capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
                    for _ in range(args.runs + 1)][1:]
     print(f"reopen of the unchanged trial, `analyze --json --cache-dir` (its answer kept) s: "
