@@ -184,3 +184,25 @@ def test_a_long_iterator_is_replayed_on_its_first_batches_as_if_whole(tmp_path, 
     # ...and the predictions are not today's: the replay's waits decide them.
     (fewer,) = capped.what_if({"num_workers": 2})
     assert fewer.predicted["training_s"] > 1.5 * fewer.now["training_s"], fewer
+
+
+def test_a_cause_whose_saving_an_earlier_change_claims_is_still_named(monkeypatch):
+    # findings.find caps the savings so that together they never exceed the wait. A change that
+    # dilutes a cause (more workers against one slow worker) can predict more than removing the
+    # cause; the cause stays named with its saving capped, while a finding whose own part is
+    # small and whose saving the others claim is left out.
+    from types import SimpleNamespace
+
+    from dashboard.analysis.diagnosis import findings
+    from dashboard.analysis.diagnosis.findings import LoaderContext, Recommendation
+
+    def made(rid, saving, part):
+        return Recommendation(rid, rid, {"part_s": part}, saving)
+
+    found = [made("more_workers", 0.9, 0.3), made("slow_worker", 0.5, 0.6), made("slow_samples", 0.3, 0.1)]
+    monkeypatch.setattr(findings, "MODULES", (SimpleNamespace(find=lambda ctx: found),))
+    # A 10 s process: a finding is worth naming from 0.2 s (base.MIN_SHARE_OF_JOB).
+    ctx = LoaderContext(SimpleNamespace(span_us=10e6), None, None, SimpleNamespace(wait_s=1.0), None)
+    kept = findings.find(ctx)
+    assert [(item.id, item.saving_s) for item in kept] == [("more_workers", 0.9), ("slow_worker", 0.1)]
+    assert kept[1].evidence["uncapped_saving_s"] == 0.5

@@ -18,7 +18,10 @@ def rank(item: Recommendation) -> tuple:
 
 def find(ctx: LoaderContext) -> list[Recommendation]:
     """The loader's findings, their savings capped so that together they never exceed its
-    wait: a change's prediction alone can count seconds another change also removes."""
+    wait: a change's prediction alone can count seconds another change also removes. A
+    finding whose saving the ones before it claim is left out, unless its cause's own part
+    of the wait is worth naming: then it stays, its saving capped (a change that dilutes a
+    cause can predict more than removing the cause, and the cause must still be named)."""
     found = [item for module in MODULES for item in module.find(ctx)]
     found = _storage_explains_tail(found)
     found.sort(key=rank)
@@ -29,7 +32,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
             saving = round(min(item.saving_s, max(left, 0.0)), 3)
             left -= saving
             if saving != item.saving_s:
-                if not ctx.worth(saving):
+                if not ctx.worth(saving) and not ctx.worth(item.evidence.get("part_s")):
                     continue  # what it would save, the findings before it already claim
                 item = Recommendation(item.id, item.text, {**item.evidence, "uncapped_saving_s": item.saving_s},
                                       saving, item.change, item.predicted)
