@@ -85,11 +85,6 @@ def _analysis(args, whole_job: bool, store, files):
     load lists the trial)."""
     from dashboard import analyze
 
-    file_cache = None
-    if args.cache_dir:
-        from dashboard.trial.columnar_cache import ColumnarFileCache
-
-        file_cache = ColumnarFileCache(args.cache_dir)
     dask_client = None
     if args.dask_scheduler:
         from dashboard.trial.dask_cluster import connect
@@ -100,8 +95,13 @@ def _analysis(args, whole_job: bool, store, files):
 
         options = _load_options(args)
         return analyze_by_rank(args.trial, client=dask_client, processes=options.pop("processes"),
-                               outlier_factor=args.outlier_factor, cache_dir=args.cache_dir, files=files,
-                               **options)
+                               outlier_factor=args.outlier_factor, cache_dir=args.cache_dir, store=store,
+                               files=files, **options)
+    file_cache = None
+    if args.cache_dir:
+        from dashboard.trial.columnar_cache import ColumnarFileCache
+
+        file_cache = ColumnarFileCache(args.cache_dir)
     # assess: the report shows the verdict and budget anyway, and computing them first lowers
     # the process's peak (see dashboard.analyze).
     return analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor, assess=True,

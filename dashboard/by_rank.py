@@ -40,7 +40,7 @@ from .trial import frames
 from .trial.frames import framework_frame
 from .trial.load import (NOT_A_TRIAL_FILE, ForkedWorkers, LoadReport, RankFiles, SkippedFile, TrialFacts,
                          classify_key, facts_of, load_trial, merge_facts, near_the_trial, rank_files, trial_center)
-from .trial.store import FileInfo, LocalStore, open_store
+from .trial.store import FileInfo, LocalStore, Store, open_store
 
 
 # Each round re-runs only the groups whose plan the others' work changed: the first reads every
@@ -174,13 +174,15 @@ def analyze_by_rank(path: str, *, client=None, processes: int | None = None,
                     outlier_factor: float = DEFAULT_OUTLIER_FACTOR, roots: Sequence[str] | None = None,
                     s3_buckets: Sequence[str] | None = None, max_bytes: int | None = None,
                     max_events: int | None = None, max_files: int | None = None,
-                    cache_dir: str | None = None, files: list[FileInfo] | None = None) -> RankedAnalysis:
+                    cache_dir: str | None = None, store: Store | None = None,
+                    files: list[FileInfo] | None = None) -> RankedAnalysis:
     """dashboard.analyze(path)'s answers, one rank per task (see the module). client: a
     dask.distributed Client; else `processes` forked worker processes where this process may
     fork (load.ForkedWorkers), else here. The limits are the whole trial's; cache_dir: a
     columnar cache folder every task reads and writes (visible to the workers at that path);
-    files: the trial's listing, when the caller listed it (else it is listed here)."""
-    store = open_store(path, roots=roots, s3_buckets=s3_buckets)
+    store and files: the trial's store and its listing, when the caller listed it (else it is
+    opened and listed here; the report's skipped files are those of the store's last listing)."""
+    store = open_store(path, roots=roots, s3_buckets=s3_buckets) if store is None else store
     files = store.list() if files is None else files
     if max_files is not None and len(files) > max_files:
         raise TrialTooLargeError(f"{path}: trial holds {len(files):,} files, over the limit of {max_files:,} files")

@@ -232,3 +232,28 @@ def test_a_reopen_imports_no_pandas(tmp_path, capsys):
     assert done.returncode == 0, done.stderr
     assert done.stdout == expected
     assert done.stderr.strip() == "[]"
+
+
+def test_the_by_rank_analysis_reports_what_the_listing_skipped(tmp_path, capsys, monkeypatch):
+    # The command lists the trial once for the key; the per-rank analysis reads that listing,
+    # and with it the listing's own skips (here a link to a folder outside, never followed).
+    import dashboard.by_rank
+
+    folder, cache = _trial(tmp_path), str(tmp_path / "cache")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, os.path.join(folder, "system", "more"))
+    calls = []
+    real = dashboard.by_rank.analyze_by_rank
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dashboard.by_rank, "analyze_by_rank", counted)
+    plain = _run(capsys, folder, "--json", "--by-rank")
+    assert [f["path"] for f in json.loads(plain)["files"]["skipped"]] == ["system/more"]
+    assert _run(capsys, folder, "--json", "--by-rank", "--cache-dir", cache) == plain
+    assert len(calls) == 2
+    assert _run(capsys, folder, "--json", "--by-rank", "--cache-dir", cache) == plain
+    assert len(calls) == 2  # the reopen printed the kept answer
