@@ -251,7 +251,16 @@ CONTENTION_OF_HANDOVER_MIN = 0.4
 # writes into its parent's (see conftest.environment_kept), and load that came and went between
 # the probes was not seen (see OTHERS_CORES_LOADED). Which of the two (or the single pair's
 # noise) made those misses is not known: the runs alone with that environment did not miss.
+# A third quiet suite run (CI's) missed on one group, 0.41 s predicted against 0.26 s removed:
+# its runs beside the busy processes waited 0.59 and 0.79 s, alone 0.44 and 0.41 s, where 16
+# more quiet pairs (standalone, alternating which ran first) waited 0.64-0.84 s and 0.26-0.37 s
+# and the saving was 0.93-1.23x the waiting removed (their uncontended hand-over alone 1.6-2.0
+# ms a batch, that group's 2.1). The prediction of each run beside was its usual share of its
+# wait (0.54 and 0.63); the group drew a quick run beside and two slow ones alone. The test
+# measures CONTENTION_GROUPS groups A B B A and compares their means, as the more-workers test
+# does (with that group and a usual one, 1.25x).
 CONTENTION_SAVING_TOLERANCE = 0.35
+CONTENTION_GROUPS = 2
 # The job's own hand-over and delivery stay throughput's beside the busy processes: its throughput
 # part there against the re-run's without them (relative). 6 quiet pairs: 0.77-1.20x; the means
 # of the 6 A B B A groups above: 0.77-0.94x. With the residual taken before the contention (it
@@ -556,9 +565,12 @@ def test_host_contention_is_the_hand_over_that_the_other_processes_cost(jobs):
     def without_them(planted):
         return None, ("--hogs", "0")
 
-    # Means of runs in the order A B B A (see 'means of runs' among the tolerances), on one host load.
-    planted, *alone, last = jobs.steady("contention", without_them, without_them, again)
-    beside = [planted, last]
+    # Means of runs in CONTENTION_GROUPS groups A B B A (see 'means of runs' among the tolerances), on one host load.
+    groups = [without_them, without_them, again, again] * CONTENTION_GROUPS
+    runs = jobs.steady("contention", *groups[:-1])
+    beside = [run for run in runs if run.books["settings"]["hogs"]]
+    alone = [run for run in runs if not run.books["settings"]["hogs"]]
+    assert len(beside) == len(alone) == 2 * CONTENTION_GROUPS
     for run in beside:
         named = finding(run.result, "host_contention")
         part = only_budget(run).parts["contention"]

@@ -86,8 +86,9 @@ def cores_saturated(util: float | None, cores: int | None) -> bool:
 # fell between the modes: at the 25 % quantile, a run with only 10-25 % of its batches in the
 # first mode took 3.5 ms for uncontended (its first mode's median: 1.6 ms) and counted 0.44 s
 # of contention instead of 0.64 s, less than the job's own delivery (a CI failure). On the runs
-# where that quantile was in the first mode, the two agree within 0.03 s (14 runs), and so with
-# the waiting the busy processes' removal removed (8 pairs: 0.94-1.23x, at the 25 % quantile).
+# where that quantile was in the first mode, the two agree within 0.03 s (14 runs). Against the
+# waiting that the busy processes' removal removed, the part was 0.94-1.23x in 8 pairs at the
+# 25 % quantile and 0.93-1.23x in 16 more pairs with this median.
 # On a saturated host few batches find a core at once, so this holds some queueing, and the
 # part claims less, never more.
 UNCONTENDED_HANDOVER_QUANTILE = 0.1
