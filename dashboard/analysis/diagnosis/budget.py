@@ -85,8 +85,10 @@ def cores_saturated(util: float | None, cores: int | None) -> bool:
 # while at least that share of the batches does (not below delivery itself). A fixed quantile
 # fell between the modes: at the 25 % quantile, a run with only 10-25 % of its batches in the
 # first mode took 3.5 ms for uncontended (its first mode's median: 1.6 ms) and counted 0.44 s
-# of contention instead of 0.64 s, less than the job's own delivery (a CI failure). On the runs
-# where that quantile was in the first mode, the two agree within 0.03 s (14 runs). Against the
+# of contention instead of 0.64 s, and the rest went to throughput, 0.51 s, which then looked the
+# larger cause (a CI failure). On the runs where that quantile was in the first mode, the two agree
+# within 0.03 s (14 runs). The hand-overs are never negative (pipeline.build clips them), so the
+# first mode holds at least the quantile's batches. Against the
 # waiting that the busy processes' removal removed, the part was 0.94-1.23x in 8 pairs at the
 # 25 % quantile and 0.93-1.23x in 16 more pairs with this median.
 # On a saturated host few batches find a core at once, so this holds some queueing, and the
