@@ -572,6 +572,9 @@ class S3Server:
         raise ConnectionAbortedError("the S3 server died")  # werkzeug: a dropped connection, quietly
 
     def arm(self, hold_from_key: str, prefix: str = PREFIX) -> None:
+        """GETs of `prefix`'s objects from this key on are held (again, after a release)."""
+        for event in (self.held, self.let_go, self.released):
+            event.clear()
         self.hold_under = f"/{BUCKET}/{prefix}/"
         self.hold_from = f"/{BUCKET}/{hold_from_key}"
 
@@ -724,8 +727,25 @@ def test_a_load_whose_process_is_killed_tells_its_page_and_a_retry_loads(s3, ser
     cancelled one and answered its poll with nothing: the page stopped waiting and said nothing),
     the server lives on, and loading again reads the trial (the killed load's lock on it is
     not waited for)."""
+    killed_load_is_told(s3, served, tmp_path, PREFIX + "-killed")
+
+
+def test_without_a_limit_on_loads_a_killed_load_is_told_too(s3, tmp_path):
+    # --max-loads 0: every load starts at once, through the same line as with a limit (it was
+    # Dash's own manager's then, and the killed load's page stopped waiting without a word).
+    env = server_env(tmp_path, AWS_ENDPOINT_URL_S3=s3.endpoint, AWS_ACCESS_KEY_ID=FAKE_KEY_ID,
+                     AWS_SECRET_ACCESS_KEY=FAKE_SECRET, AWS_SESSION_TOKEN=FAKE_TOKEN, AWS_DEFAULT_REGION="us-east-1")
+    server = AppServer(str(tmp_path / "server.log"), "serve", "--cache-dir", str(tmp_path / "cache"),
+                       "--max-loads", "0", env=env)
+    try:
+        server.wait_ready()
+        killed_load_is_told(s3, server, tmp_path, PREFIX + "-killed-unlimited")
+    finally:
+        server.stop()
+
+
+def killed_load_is_told(s3, served, tmp_path, prefix: str) -> None:
     written = write_trial(str(tmp_path / "trial"), epochs=2, train_batches=10, val_batches=0, rotate_s=0.01)
-    prefix = PREFIX + "-killed"
     s3.upload(str(tmp_path / "trial"), prefix=prefix)
     trial = f"s3://{BUCKET}/{prefix}"
     listed = s3.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")["Contents"]

@@ -9,6 +9,11 @@ ahead)"). The places and the queue are shared by every server process of one cac
 no earlier request waits. Two requests for one trial still read it once: the second one's load
 waits for the first one's read (TrialCache's lock) and takes what it read.
 
+Without a limit every request starts at once, through the same line: its job is tracked the
+same way, so a load killed by the out-of-memory killer is told to its page as with a limit
+(Dash's own manager takes a job that ended without a result for a cancelled one, and its page
+stops waiting without a word).
+
 A queued request's job id is `q<ticket>`; the page polls with it as with a process id. A place
 of a process gone (a cancelled job is killed) is freed by the next process to look; a queued
 request of a server process gone is dropped (its page stops waiting, as for a killed job).
@@ -141,8 +146,6 @@ class QueueingManager(dash.DiskcacheManager):
     # --- starting -------------------------------------------------------------------------
 
     def call_job_fn(self, key, job_fn, args, context):
-        if not self.limit:
-            return super().call_job_fn(key, job_fn, args, context)
         with self._lock:
             if self._token is None:
                 self._token = _lock_token()
@@ -190,7 +193,7 @@ class QueueingManager(dash.DiskcacheManager):
             with self.handle.transact():
                 queue = self._live(self.handle.get(JOB_QUEUE) or {})
                 waiting = sorted(t for t, entry in queue.items() if entry[1] == 0)
-                free = max(0, self.limit - (len(queue) - len(waiting)))
+                free = max(0, self.limit - (len(queue) - len(waiting))) if self.limit else len(waiting)
                 # The first `free` in line start, each in the process that has it.
                 start = [t for t in waiting[:free] if queue[t][0] == self._token and t in self._pending]
                 for ticket in start:
