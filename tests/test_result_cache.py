@@ -35,18 +35,23 @@ def _app():
 APP = _app()
 
 
-@pytest.fixture
-def analyses(monkeypatch):
-    """The analyses the command computes (each call of dashboard.api.analyze), counted."""
+def counted_calls(monkeypatch, module, name: str) -> list:
+    """Each call of module.name from now on, by its first argument."""
     calls = []
-    real = dashboard.api.analyze
+    real = getattr(module, name)
 
     def counted(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dashboard.api, "analyze", counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
+
+
+@pytest.fixture
+def analyses(monkeypatch):
+    """The analyses the command computes (each call of dashboard.api.analyze), counted."""
+    return counted_calls(monkeypatch, dashboard.api, "analyze")
 
 
 def _run(capsys, *args) -> str:
@@ -243,14 +248,7 @@ def test_the_by_rank_analysis_reports_what_the_listing_skipped(tmp_path, capsys,
     outside = tmp_path / "outside"
     outside.mkdir()
     os.symlink(outside, os.path.join(folder, "system", "more"))
-    calls = []
-    real = dashboard.by_rank.analyze_by_rank
-
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(dashboard.by_rank, "analyze_by_rank", counted)
+    calls = counted_calls(monkeypatch, dashboard.by_rank, "analyze_by_rank")
     plain = _run(capsys, folder, "--json", "--by-rank")
     assert [f["path"] for f in json.loads(plain)["files"]["skipped"]] == ["system/more"]
     assert _run(capsys, folder, "--json", "--by-rank", "--cache-dir", cache) == plain
