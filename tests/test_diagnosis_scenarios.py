@@ -254,7 +254,7 @@ CONTENTION_OF_HANDOVER_MIN = 0.4
 # writes into its parent's (see conftest.environment_kept), and load that came and went between
 # the probes was not seen (see OTHERS_CORES_LOADED). Which of the two (or the single pair's
 # noise) made those misses is not known: the runs alone with that environment did not miss.
-# A third quiet suite run (CI's) missed on one group, 0.41 s predicted against 0.26 s removed:
+# A third quiet suite run (of 2026-12-03) missed on one group, 0.41 s predicted against 0.26 s removed:
 # its runs beside the busy processes waited 0.59 and 0.79 s, alone 0.44 and 0.41 s, where 16
 # more quiet pairs (standalone, alternating which ran first) waited 0.64-0.84 s and 0.26-0.37 s
 # and the saving was 0.93-1.23x the waiting removed (their uncontended hand-over alone 1.6-2.0
