@@ -242,7 +242,7 @@ HANDOVER_DISPLACES = 0.5
 CONTENTION_OF_HANDOVER_MIN = 0.4
 # Host contention's saving vs the waiting that removing the other processes removed (relative):
 # quiet, 8 pairs of the contention job with and without its two busy processes: the saving was
-# 0.94-1.23x the waiting removed (budget.UNCONTENDED_HANDOVER_QUANTILE); the clean job with two
+# 0.94-1.23x the waiting removed (budget.FIRST_MODE_QUANTILE); the clean job with two
 # `yes` against it quiet, 0.80x. 0.35 is 1.5x the worst; a part that counted the whole hand-over
 # beyond delivery itself (1.2-1.3x the removed on those pairs, 1.6-1.9x for all of it) meets it
 # only in part, and one that counted nothing fails. The test compares means of A B B A runs
@@ -531,7 +531,7 @@ def test_the_largest_part_of_the_budget_is_the_planted_cause(jobs, fault):
     if displaced(run):
         # Hand-over is the contention part beyond an uncontended one, the rest delivery
         # (throughput's); on a saturated host the uncontended one read from the batches holds
-        # some queueing too (budget.UNCONTENDED_HANDOVER_QUANTILE): with four `yes` the latency
+        # some queueing too (budget.FIRST_MODE_QUANTILE): with four `yes` the latency
         # job's contention and throughput parts were 0.55-0.6 s and 0.65-0.9 s.
         assert largest in ("contention", "throughput"), (budget.parts, steady_books(run))
         return

@@ -81,7 +81,7 @@ def cores_saturated(util: float | None, cores: int | None) -> bool:
 # those that queued for one. The contention job (clean's, beside two busy processes, 2 cores)
 # handed over 1.1-2.3 ms a batch in the first, 4-7 ms (medians) in the second, and 10-50 % of
 # its batches were in the first. The uncontended one is the first mode's median: that of the
-# hand-overs at most FAST_MODE_SPAN times this low quantile, which lies in the first mode
+# hand-overs at most FIRST_MODE_SPAN times this low quantile, which lies in the first mode
 # while at least that share of the batches does (not below delivery itself). A fixed quantile
 # fell between the modes: at the 25 % quantile, a run with only 10-25 % of its batches in the
 # first mode took 3.5 ms for uncontended (its first mode's median: 1.6 ms) and counted 0.44 s
@@ -93,10 +93,10 @@ def cores_saturated(util: float | None, cores: int | None) -> bool:
 # 25 % quantile and 0.93-1.23x in 16 more pairs with this median.
 # On a saturated host few batches find a core at once, so this holds some queueing, and the
 # part claims less, never more.
-UNCONTENDED_HANDOVER_QUANTILE = 0.1
+FIRST_MODE_QUANTILE = 0.1
 # The first mode's width: its 25 % quantile was 1.2-1.45x its 5 %, the second mode's median
 # 2.5x and more its 10 % quantile. At 1.5 instead of 2 the 14 runs' parts moved by at most 0.012 s.
-FAST_MODE_SPAN = 2.0
+FIRST_MODE_SPAN = 2.0
 # A worker whose fetches use the CPU for less than this share of their time mostly waits
 # (storage, network, locks): latency-bound.
 LATENCY_CPU_SHARE = 0.5
@@ -370,7 +370,7 @@ def _contention(model: PipelineModel, process: ProcessTraining, util: float | No
     Only where the collector measured the fetches (a batch's hand-over is then its wait
     after its fetch ended), on a host whose cores were saturated with at least MIN_FREE_CORES
     of them used by other processes. Of each hand-over, what exceeds an uncontended one (see
-    UNCONTENDED_HANDOVER_QUANTILE) is queueing: for the GIL, which the worker's next sample
+    FIRST_MODE_QUANTILE) is queueing: for the GIL, which the worker's next sample
     holds as often as `gil_busy` says (_worker_gil_busy: the workers' own, the cpu_saturated finding's),
     else for a core (the others'). Measured on the scenario jobs: with six `yes` running, the
     latency job's ready batches took 8-17 ms each to be handed over (0.1-0.3 ms quiet), and
@@ -390,9 +390,9 @@ def _contention(model: PipelineModel, process: ProcessTraining, util: float | No
 
 
 def _first_mode_median(handover: np.ndarray) -> float:
-    """The median of the hand-overs that found a core at once (see UNCONTENDED_HANDOVER_QUANTILE)."""
-    low = float(np.quantile(handover, UNCONTENDED_HANDOVER_QUANTILE))
-    return float(np.median(handover[handover <= FAST_MODE_SPAN * low]))
+    """The median of the hand-overs that found a core at once (see FIRST_MODE_QUANTILE)."""
+    low = float(np.quantile(handover, FIRST_MODE_QUANTILE))
+    return float(np.median(handover[handover <= FIRST_MODE_SPAN * low]))
 
 
 def _handover_beyond_delivery(model: PipelineModel, batches: np.ndarray) -> float:
