@@ -277,6 +277,26 @@ CONTENTION_GROUPS = 2
 # then held the contention's queueing, which the replay does not model), the same pairs gave 0,
 # 0, 0.15, 0.59, 0.61 and 0.98x.
 CONTENTION_THROUGHPUT_TOLERANCE = 0.35
+# Where out-of-order delivery would not help, the slow-worker finding says so and proposes no
+# change (findings/imbalance.py): out of order every batch is handed over from the result queue,
+# a round trip to a worker, which on a busy host costs about what the order does. The slow_worker
+# job with its slow worker's delay mostly hidden behind more compute per batch (--hidden 2560)
+# and the job's own two busy processes beside it (--hogs 2). Measured (2026-12-03), in A B B A
+# groups (planted, out of order, out of order, planted), 4 groups quiet: every planted run named
+# the slow worker (its imbalance part 0.25-0.29 s of 0.6-0.75 s of wait) and proposed no change;
+# out of order removed +0.01, -0.02, +0.01 and -0.08 s of wait (means of each group's two runs
+# each way), against the bar of half the imbalance part, 0.13 s. Where out of order does help, it
+# removes most of that part (the job with --hogs 2 alone, one pair: 1.94 s of its 2.35 s). The predicted training
+# time was 1.04-1.22x the re-runs' (the model charges every out-of-order batch the mean hand-over
+# of the batches in-order delivery received from the queue, and over-predicts the wait here:
+# 1.33 s against 0.69 s; the direction holds, the size is 2x). With two `yes` besides (2 groups)
+# the slow worker faded under the other load: 1 of 4 planted runs named it (imbalance 0.07-0.22
+# s, no change proposed), out of order removed -0.24 and 0.00 s, and one group's two re-runs
+# waited 1.16 and 0.80 s: the waits' noise is the size of the part, and the bar on it is checked
+# on a quiet host only (the training time's, 1.05x and 1.24x, is checked on both).
+HIDDEN_SLOW_WORKER_ARGS = ("--hogs", "2", "--hidden", "2560")
+NOT_HELPING_SHARE = 0.5
+NOT_HELPING_GROUPS = 2
 
 # Findings per scenario: the one its planted cause must produce, and ones that would be wrong.
 EXPECTED = {"latency": "more_workers", "cpu": "cpu_saturated", "slow_worker": "slow_worker",
@@ -439,16 +459,16 @@ class Jobs:
         name = "-".join(f"{k}-{v}" for k, v in (change or {}).items()) or "planted"
         return Run(self.factory.mktemp(f"{fault}-{name}"), fault, change, more_args)
 
-    def steady(self, fault: str, *asks) -> list[Run]:
-        """A run of the planted job, then a run for each of `asks` (given that run, the change
-        and more arguments of a run to make after it), all made now and on one host load (see
-        STEADY_OTHERS). The steal of the hypervisor's other guests is compared between the
-        means of the runs without a change and with one, as the tests compare them (see
-        STOLEN_LOADED). The module's shared planted run is not one of them: it was made
+    def steady(self, fault: str, *asks, more_args: tuple = ()) -> list[Run]:
+        """A run of the planted job (with `more_args`), then a run for each of `asks` (given
+        that run, the change and more arguments of a run to make after it), all made now and
+        on one host load (see STEADY_OTHERS). The steal of the hypervisor's other guests is
+        compared between the means of the runs without a change and with one, as the tests
+        compare them (see STOLEN_LOADED). The module's shared planted run is not one of them: it was made
         minutes before, on a host whose speed may have moved since (see 'one stretch of time')."""
         seen = []
         for _ in range(STEADY_ATTEMPTS):
-            planted = self.run(fault)
+            planted = self.run(fault, None, more_args)
             runs = [planted] + [self.run(fault, *ask(planted)) for ask in asks]
             probes = [p for run in runs for p in run.others]
             today = [run.stolen for run in runs if not run.change]
@@ -683,6 +703,43 @@ def ab_means(today: list[Run], changed: list[Run], change: dict) -> dict:
             "books": {"today": [(run.books["wait_s"], run.books["training_s"]) for run in today],
                       "changed": [(run.books["wait_s"], run.books["training_s"]) for run in changed]},
             "predicted": predictions}
+
+
+def test_out_of_order_delivery_is_not_proposed_where_it_would_not_help(jobs):
+    def planted_again(planted):
+        return None, HIDDEN_SLOW_WORKER_ARGS
+
+    def out_of_order(planted):
+        return {"in_order": False}, HIDDEN_SLOW_WORKER_ARGS
+
+    # Means of runs in NOT_HELPING_GROUPS groups A B B A (see 'means of runs' among the tolerances), on one host load.
+    groups = [out_of_order, out_of_order, planted_again, planted_again] * NOT_HELPING_GROUPS
+    runs = jobs.steady("slow_worker", *groups[:-1], more_args=HIDDEN_SLOW_WORKER_ARGS)
+    today = [run for run in runs if not run.change]
+    changed = [run for run in runs if run.change]
+    assert len(today) == len(changed) == 2 * NOT_HELPING_GROUPS
+    for run in today:
+        if host_was_loaded(run) and "slow_worker" not in ids(run.result):
+            continue  # (other load hides the slow worker further: see NOT_HELPING_SHARE)
+        named = finding(run.result, "slow_worker")
+        assert named.evidence["worker_id"] == run.books["settings"]["slow_worker_id"], named.evidence
+        assert named.change is None and "would not help" in named.text, named.text
+    compared = ab_means(today, changed, {"in_order": False})
+    imbalance = statistics.mean(only_budget(run).parts["imbalance"] for run in today)
+    removed = statistics.mean(run.books["wait_s"] for run in today) - compared["fixed_wait_s"]
+    shown = str({"imbalance_s": imbalance, "removed_s": removed, **compared})
+    print(f"out of order: {shown}")
+    # The training time the text names for the change holds as the other predictions do.
+    assert compared["predicted_fraction"] == pytest.approx(compared["fixed_fraction"], abs=WAIT_FRACTION_TOLERANCE), (
+        shown)
+    assert compared["predicted_s"] == pytest.approx(compared["fixed_s"], rel=TRAINING_RELATIVE_TOLERANCE), shown
+    loaded = [run for run in runs if host_was_loaded(run)]
+    if loaded:
+        pytest.skip(f"the host had other load ({[(run.others, round(run.others_cores, 2)) for run in loaded]} "
+                    f"runnable tasks besides the test's and cores other processes used, "
+                    f"{max(run.stolen for run in loaded):.1%} of the cores stolen): the waits' noise is then "
+                    f"as large as the slow worker's part (see NOT_HELPING_SHARE): {shown}")
+    assert removed < NOT_HELPING_SHARE * imbalance, shown
 
 
 def test_cheaper_samples_shorten_the_hand_over_the_cpu_finding_names(jobs):
