@@ -411,6 +411,16 @@ def host_was_loaded(run: Run) -> bool:
     return others_busy(run) or run.stolen > STOLEN_LOADED
 
 
+def skip_if_host_was_loaded(runs: list[Run], why: str) -> None:
+    """Skips the rest of a test whose measure holds only on a quiet host (`why` says why),
+    when any of its runs saw other load, saying what load."""
+    loaded = [run for run in runs if host_was_loaded(run)]
+    if loaded:
+        pytest.skip(f"the host had other load ({[(run.others, round(run.others_cores, 2)) for run in loaded]} "
+                    f"runnable tasks besides the test's and cores other processes used, "
+                    f"{max(run.stolen for run in loaded):.1%} of the cores stolen): {why}")
+
+
 def displaced(run: Run) -> bool:
     """Whether the host's other load, not the planted cause, is what the job mostly waited
     for (see HANDOVER_DISPLACES)."""
@@ -464,8 +474,9 @@ class Jobs:
         that run, the change and more arguments of a run to make after it), all made now and
         on one host load (see STEADY_OTHERS). The steal of the hypervisor's other guests is
         compared between the means of the runs without a change and with one, as the tests
-        compare them (see STOLEN_LOADED). The module's shared planted run is not one of them: it was made
-        minutes before, on a host whose speed may have moved since (see 'one stretch of time')."""
+        compare them (see STOLEN_LOADED). The module's shared planted run is not one of them:
+        it was made minutes before, on a host whose speed may have moved since (see 'one
+        stretch of time')."""
         seen = []
         for _ in range(STEADY_ATTEMPTS):
             planted = self.run(fault, None, more_args)
@@ -614,14 +625,10 @@ def test_host_contention_is_the_hand_over_that_the_other_processes_cost(jobs):
     books = {"beside": [(run.books["wait_s"], run.books["training_s"]) for run in beside],
              "alone": [(run.books["wait_s"], run.books["training_s"]) for run in alone]}
     assert removed > 0, books
-    loaded = [run for run in beside + alone if host_was_loaded(run)]
-    if loaded:
-        # The host's other load stays for the re-run, and with it part of the contention: the
-        # saving, which is that of all other processes, is not what removing the job's two is.
-        pytest.skip(f"the host had other load ({[(run.others, round(run.others_cores, 2)) for run in loaded]} "
-                    f"runnable tasks besides the test's and cores other processes used, "
-                    f"{max(run.stolen for run in loaded):.1%} of the cores stolen): the "
-                    "saving of removing all of it cannot be measured by removing the job's own two")
+    # The host's other load stays for the re-run, and with it part of the contention: the
+    # saving, which is that of all other processes, is not what removing the job's two is.
+    skip_if_host_was_loaded(beside + alone, "the saving of removing all of it cannot be measured by removing "
+                                            "the job's own two")
     assert predicted == pytest.approx(removed, rel=CONTENTION_SAVING_TOLERANCE), str((predicted, removed, books))
     for run in alone:
         assert "host_contention" not in ids(run.result), ids(run.result)
@@ -733,12 +740,8 @@ def test_out_of_order_delivery_is_not_proposed_where_it_would_not_help(jobs):
     assert compared["predicted_fraction"] == pytest.approx(compared["fixed_fraction"], abs=WAIT_FRACTION_TOLERANCE), (
         shown)
     assert compared["predicted_s"] == pytest.approx(compared["fixed_s"], rel=TRAINING_RELATIVE_TOLERANCE), shown
-    loaded = [run for run in runs if host_was_loaded(run)]
-    if loaded:
-        pytest.skip(f"the host had other load ({[(run.others, round(run.others_cores, 2)) for run in loaded]} "
-                    f"runnable tasks besides the test's and cores other processes used, "
-                    f"{max(run.stolen for run in loaded):.1%} of the cores stolen): the waits' noise is then "
-                    f"as large as the slow worker's part (see NOT_HELPING_SHARE): {shown}")
+    skip_if_host_was_loaded(runs, f"the waits' noise is then as large as the slow worker's part "
+                                  f"(see NOT_HELPING_SHARE): {shown}")
     assert removed < NOT_HELPING_SHARE * imbalance, shown
 
 
