@@ -397,16 +397,25 @@ BURST_TRIALS = 25  # each asked for twice, spelled two ways: 50 load requests at
 QUEUED = re.compile(r"Queued \((\d+) ahead\)")
 
 
-def load_processes(server: AppServer) -> int:
-    """How many background-load processes of the server run now (an ended one not yet reaped by
-    the server is a zombie: not counted)."""
-    running = 0
-    for child in psutil.Process(server.process.pid).children(recursive=True):
+def running_together(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of `processes` that ran at one moment: running when looked at, and still running
+    once all had been looked at (an ended one not yet reaped is a zombie: not running). A scan
+    looks at them one by one: a job that ended after it was seen and the next job, started
+    before it was seen, were both counted though they never ran together (a loaded suite run,
+    two servers' six workers scanned, with one place: a sample of 2 jobs)."""
+    def running(process: psutil.Process) -> bool:
         try:
-            running += child.status() != psutil.STATUS_ZOMBIE
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:  # it ended meanwhile
-            pass
-    return running
+            return False
+
+    seen = [process for process in processes if running(process)]
+    return [process for process in seen if running(process)]
+
+
+def load_processes(server: AppServer) -> int:
+    """How many background-load processes of the server run now (see running_together)."""
+    return len(running_together(psutil.Process(server.process.pid).children(recursive=True)))
 
 
 def test_a_burst_of_50_loads_runs_at_most_max_loads_at_once(tmp_path):
@@ -1243,15 +1252,11 @@ def test_gunicorn_servers_of_one_cache_folder_share_the_max_loads_places(tmp_pat
 
         def sample():
             while not done.is_set():
-                jobs = 0
-                for master in masters:
-                    for worker in master.children():
-                        for job in worker.children():
-                            with contextlib.suppress(psutil.Error):
-                                if job.status() != psutil.STATUS_ZOMBIE:
-                                    jobs += 1
-                                    starters.add(master.pid)
-                running.append(jobs)
+                master_of = {job: master.pid for master in masters for worker in master.children()
+                             for job in worker.children()}
+                jobs = running_together(list(master_of))
+                starters.update(master_of[job] for job in jobs)
+                running.append(len(jobs))
                 time.sleep(0.01)
 
         def one(index_path):
