@@ -355,7 +355,7 @@ class Run:
     host's other load just before and just after it (`others`)."""
 
     def __init__(self, folder, fault: str, change: dict | None, more_args: tuple = ()):
-        self.folder, self.fault, self.change = folder, fault, dict(change or {})
+        self.folder, self.fault, self.change, self.more_args = folder, fault, dict(change or {}), tuple(more_args)
         self.trial = str(folder / "trial")
         books_path = folder / "books.json"
         command = [sys.executable, JOB, "--out", self.trial, "--books", str(books_path), "--fault", fault,
@@ -473,8 +473,11 @@ class Jobs:
         """A run of the planted job (with `more_args`), then a run for each of `asks` (given
         that run, the change and more arguments of a run to make after it), all made now and
         on one host load (see STEADY_OTHERS). The steal of the hypervisor's other guests is
-        compared between the means of the runs without a change and with one, as the tests
-        compare them (see STOLEN_LOADED). The module's shared planted run is not one of them:
+        compared between the means of the runs like the first and of those with a change (of
+        a setting, or of the job's arguments: the hand-over and contention tests change only
+        those), as the tests compare them (see STOLEN_LOADED). (Before, runs that changed only
+        arguments were all taken for the first's kind, and their steal compared by its range
+        over all of them.) The module's shared planted run is not one of them:
         it was made minutes before, on a host whose speed may have moved since (see 'one
         stretch of time')."""
         seen = []
@@ -482,8 +485,8 @@ class Jobs:
             planted = self.run(fault, None, more_args)
             runs = [planted] + [self.run(fault, *ask(planted)) for ask in asks]
             probes = [p for run in runs for p in run.others]
-            today = [run.stolen for run in runs if not run.change]
-            changed = [run.stolen for run in runs if run.change]
+            today = [run.stolen for run in runs if not run.change and run.more_args == planted.more_args]
+            changed = [run.stolen for run in runs if run.change or run.more_args != planted.more_args]
             stolen_apart = (abs(statistics.mean(today) - statistics.mean(changed)) if today and changed
                             else max(today + changed) - min(today + changed))
             busy = {others_busy(run) for run in runs}
