@@ -501,8 +501,8 @@ class Jobs:
 
 
 def again(planted: Run) -> tuple:
-    """For Jobs.steady: the planted run once more."""
-    return None, ()
+    """For Jobs.steady: the planted run once more (with its arguments)."""
+    return None, planted.more_args
 
 
 @pytest.fixture(scope="module")
@@ -716,14 +716,11 @@ def ab_means(today: list[Run], changed: list[Run], change: dict) -> dict:
 
 
 def test_out_of_order_delivery_is_not_proposed_where_it_would_not_help(jobs):
-    def planted_again(planted):
-        return None, HIDDEN_SLOW_WORKER_ARGS
-
     def out_of_order(planted):
         return {"in_order": False}, HIDDEN_SLOW_WORKER_ARGS
 
     # Means of runs in NOT_HELPING_GROUPS groups A B B A (see 'means of runs' among the tolerances), on one host load.
-    groups = [out_of_order, out_of_order, planted_again, planted_again] * NOT_HELPING_GROUPS
+    groups = [out_of_order, out_of_order, again, again] * NOT_HELPING_GROUPS
     runs = jobs.steady("slow_worker", *groups[:-1], more_args=HIDDEN_SLOW_WORKER_ARGS)
     today = [run for run in runs if not run.change]
     changed = [run for run in runs if run.change]
