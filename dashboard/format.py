@@ -21,6 +21,11 @@ PHASE_FIRST_BATCH = "DataLoaderFirstBatch"
 # The next() that ends an epoch (StopIteration): its start is the end of the epoch's last
 # step, so training time needs no estimate of that step's compute.
 PHASE_EPOCH_END = "DataLoaderEpochEnd"
+# Written by the Kineto importer only: the moment a torch.profiler trace shows an iterator being
+# created (its __init__'s seed draw, dashboard/trial/kineto_format.py), with no duration (the
+# trace does not show where __init__ begins or ends). It says that the recording saw the
+# iterator's first batch as its first, which Kineto's GetNexts alone cannot tell.
+PHASE_CREATED = "DataLoaderCreated"
 # The fetch phase's name in trials of the collector's first version: still read as fetches.
 LEGACY_PHASE_WORKER_FETCH = "DataLoaderWorkerFetch"
 
@@ -31,8 +36,9 @@ KIND_WORKER = "worker"
 KIND_STEP = "step"
 KIND_FETCH = "fetch"
 KIND_EPOCH_END = "epoch_end"
+KIND_CREATED = "created"
 KIND_OTHER = "other"
-KINDS = (KIND_INIT, KIND_GETNEXT, KIND_WORKER, KIND_STEP, KIND_FETCH, KIND_EPOCH_END, KIND_OTHER)
+KINDS = (KIND_INIT, KIND_GETNEXT, KIND_WORKER, KIND_STEP, KIND_FETCH, KIND_EPOCH_END, KIND_CREATED, KIND_OTHER)
 
 # Event names, by iterator class ("_MultiProcessingDataLoaderIter", ...).
 def init_event_name(iter_class: str) -> str:
@@ -49,6 +55,10 @@ def worker_event_name(iter_class: str) -> str:
 
 def epoch_end_event_name(iter_class: str) -> str:
     return f"{iter_class}.epoch_end"
+
+
+def created_event_name(iter_class: str) -> str:
+    return f"{iter_class}.created"
 
 
 # Recognising events by name, for producers that did not name the phase.

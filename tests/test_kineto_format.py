@@ -6,6 +6,7 @@ that moment; expected counts are those made inside the recorded windows.
 """
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -15,6 +16,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import orjson
 import pytest
 import torch
@@ -25,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 import dashboard
 from dashboard import format as fmt
 from dashboard.collector.writer import TraceWriter
+from dashboard.analysis.diagnosis import loaders
 from dashboard.report import to_dict, to_text
 from dashboard.trial import kineto_format
 from dashboard.trial.kineto_format import parse_kineto_file
@@ -127,8 +130,9 @@ def test_a_plain_trace_with_two_loaders_is_a_trial(two_loaders):
     assert trial.report.files_read == 1 and not trial.report.files_skipped
     assert len(gets(trial, MP_NEXT)) == two_loaders["train"] == 2 * (10 + 1)
     assert len(gets(trial, SP_NEXT)) == two_loaders["val"] == 2 * (3 + 1)
-    # nothing else is kept: no cpu_op, no step events (no schedule, no prof.step())
-    assert set(trial.framework["kind"].astype(str)) == {fmt.KIND_GETNEXT}
+    # nothing else is kept: no cpu_op, no step events (no schedule, no prof.step()); but each
+    # loader's creation, from its seed draw (test_an_iterator_seen_created_is_marked_at_its_seed_draw)
+    assert set(trial.framework["kind"].astype(str)) == {fmt.KIND_GETNEXT, fmt.KIND_CREATED}
     # wall clock from baseTimeNanoseconds: inside the profiled block
     calls = gets(trial)
     assert calls["start_us"].min() >= two_loaders["t0"] and calls["end_us"].max() <= two_loaders["t1"]
@@ -170,6 +174,54 @@ def test_times_match_an_independent_read_of_the_trace(two_loaders):
     assert max(abs(a - b) for a, b in zip(got, expected)) <= 1
 
 
+def test_an_iterator_seen_created_is_marked_at_its_seed_draw(two_loaders, scheduled):
+    # Read here with json: the last aten::random_ of the thread after its previous __next__ and
+    # before the first of each run of one loader's (torch's _BaseDataLoaderIter.__init__ draws
+    # the iterator's seed with random_, and a shuffling sampler would draw again as it starts).
+    path = os.path.join(two_loaders["folder"], os.listdir(two_loaders["folder"])[0])
+    with open(path, "rb") as handle:
+        doc = json.load(handle)
+    base_us = doc["baseTimeNanoseconds"] / 1000
+    events = sorted((e for e in doc["traceEvents"] if e.get("ph") == "X"), key=lambda e: e["ts"])
+    draws = [e for e in events if e["name"] == "aten::random_"]
+    expected, previous = [], None
+    for call in (e for e in events if e["name"] in (MP_NEXT, SP_NEXT)):
+        if previous is None or call["name"] != previous["name"]:  # train, val, train, val
+            after = previous["ts"] + previous["dur"] if previous else -float("inf")
+            before = [d["ts"] for d in draws if d["tid"] == call["tid"] and after <= d["ts"]
+                      and d["ts"] + d["dur"] <= call["ts"]]
+            assert before, f"no seed draw before {call['name']} at {call['ts']}"
+            expected.append((call["name"].removesuffix(".__next__") + ".created", base_us + max(before)))
+        previous = call
+    assert len(expected) == 4
+    trial = load_trial(two_loaders["folder"])
+    fw = trial.framework
+    created = fw[fw["kind"] == fmt.KIND_CREATED].sort_values("start_us")
+    assert created["name"].astype(str).tolist() == [name for name, _ in expected]
+    for start, (_, expected_us) in zip(created["start_us"], expected):
+        assert abs(start - expected_us) <= 1  # the importer's rounding of ts to microseconds
+    assert (created["duration_us"] == 0).all() and (created["pid"] == os.getpid()).all()
+    assert set(created["phase"].astype(str)) == {fmt.PHASE_CREATED}
+    # Each of the four iterators' first batch comes after it: the diagnosis may place the rounds
+    # of all of its segments.
+    [process] = loaders.processes(fw, trial.system)
+    assert sorted((loader.name, len(loader.seen_from_start), loader.segments) for loader in process.loaders) == [
+        ("_MultiProcessingDataLoaderIter", 2, 2), ("_SingleProcessDataLoaderIter", 2, 2)]
+    # The timeline draws each creation as a tick (a bar of no length would not show).
+    from dashboard.web import views
+
+    view = views.trial_view(trial)
+    window = views.window_payload(view, *view.span)["window_figure"]
+    [ticks] = [t for t in window["data"] if t["name"] == fmt.PHASE_CREATED and t["mode"] == "markers"]
+    x = ticks["x"]
+    x = np.frombuffer(base64.b64decode(x["bdata"]), dtype=x["dtype"]) if isinstance(x, dict) else np.asarray(x)
+    assert np.round(x * 1000).astype(int).tolist() == created["start_us"].tolist()
+    # A schedule's recordings begin mid-epoch here (steps 2-3 and 6-7 of a 12-batch epoch): the
+    # iterator began before them, and nothing says it did not.
+    scheduled_fw = load_trial(scheduled["folder"]).framework
+    assert not (scheduled_fw["kind"] == fmt.KIND_CREATED).any()
+
+
 def test_scheduled_gzip_cycles_merge_into_one_trial(scheduled):
     names = sorted(os.listdir(scheduled["folder"]))
     assert len(names) == 2 and all(n.endswith(".pt.trace.json.gz") for n in names)
@@ -201,7 +253,8 @@ def test_chunked_gzip_scan_equals_the_plain_scan(two_loaders, monkeypatch):
         assert parsed.error is None and parsed.lines_skipped == 0
         # the same rows; the recording id is the file's, so it differs by name
         assert parsed.table.drop(["iterator_id"]).equals(plain.table.drop(["iterator_id"]))
-        assert plain.table.num_rows == two_loaders["train"] + two_loaders["val"]
+        # the calls, and the creation of each loader's two iterators (test_an_iterator_seen_created_...)
+        assert plain.table.num_rows == two_loaders["train"] + two_loaders["val"] + 4
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
@@ -366,7 +419,9 @@ def test_string_pids_and_layout_variants(two_loaders):
             event["pid"], event["tid"] = str(pid), str(event.get("tid"))
     compact = orjson.dumps(doc)  # one line, no spaces, keys in another order than Kineto's
     parsed = parse_kineto_file(compact, "x.pt.trace.json")
-    assert parsed.error is None and parsed.table.num_rows == two_loaders["train"] + two_loaders["val"]
+    # the calls and the 4 iterators' creations (their seed draws matched to the calls by thread:
+    # string ids as numbers)
+    assert parsed.error is None and parsed.table.num_rows == two_loaders["train"] + two_loaders["val"] + 4
     assert set(parsed.table.column("pid").to_pylist()) == {pid}
 
 

@@ -11,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 import dashboard
+from dashboard.analysis.diagnosis import loaders
 
 pytestmark = pytest.mark.torch
 MP_NEXT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
@@ -117,6 +118,42 @@ def test_one_slow_worker_shows_as_a_stall_every_two_batches(tmp_path):
         # there on a loaded host is a few ms)
         assert item["duration_s"] == pytest.approx(waits[item["batch"]], abs=0.02)
     assert not {"more_workers", "use_workers"} & set(items)  # the slow worker is the fix
+
+
+def test_a_recording_that_saw_the_iterator_created_places_its_rounds_however_quick_its_first_batch(tmp_path):
+    """Persistent workers, a shuffling sampler, and only the second epoch recorded, after a pause
+    in which the workers readied their first batches: its first batch came as quick as a ready
+    one (the loop's books, 4 runs: 1.5-1.8 ms against 0.39-0.48 ms, 3-4x; 5x is what a first
+    batch must take to count as a fresh start by its wait alone, which this epoch's workers, long
+    started, never pay). What says the recording saw the iterator begin is the sampler's seed
+    draw just before it (an epoch of persistent workers draws no iterator seed; a shuffling
+    sampler draws its own)."""
+    loader = DataLoader(Samples(48, sleep_s=0.03, slow_worker=1), batch_size=2, num_workers=2,
+                        persistent_workers=True, shuffle=True)
+    for _ in loader:  # the first epoch: the workers start, unrecorded
+        pass
+    model = torch.nn.Linear(8, 8)
+    calls = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        it = iter(loader)
+        time.sleep(0.2)  # worker 1's two primed batches take 0.12 s
+        for batch in timed(it, calls):
+            model(batch).sum().backward()
+            time.sleep(0.01)
+    prof.export_chrome_trace(str(tmp_path / "run.pt.trace.json"))
+    result = dashboard.analyze(str(tmp_path), assess=True)
+    [process] = loaders.processes(result.trial.framework, result.trial.system)
+    [mp_loader] = process.loaders
+    assert mp_loader.seen_from_start == frozenset(mp_loader.calls["segment"].unique().tolist())
+    items = {r.id: r for r in result.recommendations}
+    found = items["slow_worker"]
+    assert found.evidence["num_workers"] == 2 and found.evidence["num_workers_inferred"] is True
+    assert found.evidence["worker_id"] == 1  # batch i of the epoch goes to worker i mod 2
+    waits = [e - s for s, e in calls]
+    odd = range(1, len(calls) - 1, 2)
+    listed = [b["batch"] for b in found.evidence["batches"]]
+    assert all(b % 2 == 1 for b in listed) and len(listed) >= 0.8 * len(odd)
+    assert sum(waits[i] > 0.015 for i in odd) >= 0.8 * len(odd)  # the loop's books agree
 
 
 def test_slow_worker_start_is_start_up_cost(tmp_path):

@@ -9,7 +9,7 @@ framework: one row per event
     pid (Int64)              OS process id of the process that recorded the event
     phase (category)         trace phase, e.g. "DataLoaderIter", "Step:ModeKeys.TRAIN"
     name (category)          event name, e.g. "_MultiProcessingDataLoaderIter::GetNext"
-    kind (category)          init | getnext | worker | step | fetch | other
+    kind (category)          init | getnext | worker | step | fetch | epoch_end | created | other
     start_us, end_us (int64) absolute epoch microseconds
     duration_us (int64)
     worker_id (Int64)        -1 single-process, <NA> unknown
@@ -210,7 +210,7 @@ def kind_of_phase(phase: str) -> str | None:
     name says, see kind_in_iter_phase)."""
     return {fmt.PHASE_INIT: fmt.KIND_INIT, fmt.PHASE_WORKER: fmt.KIND_WORKER,
             fmt.PHASE_WORKER_FETCH: fmt.KIND_FETCH, fmt.LEGACY_PHASE_WORKER_FETCH: fmt.KIND_FETCH,
-            fmt.PHASE_EPOCH_END: fmt.KIND_EPOCH_END}.get(
+            fmt.PHASE_EPOCH_END: fmt.KIND_EPOCH_END, fmt.PHASE_CREATED: fmt.KIND_CREATED}.get(
         phase, fmt.KIND_STEP if phase.startswith("Step:") else None)
 
 
@@ -280,7 +280,7 @@ def process_number(process: str) -> int | None:
     return int(head) if sep and head.isdigit() else None
 
 
-_MAIN_KINDS = (fmt.KIND_GETNEXT, fmt.KIND_INIT, fmt.KIND_STEP, fmt.KIND_EPOCH_END)
+_MAIN_KINDS = (fmt.KIND_GETNEXT, fmt.KIND_INIT, fmt.KIND_STEP, fmt.KIND_EPOCH_END, fmt.KIND_CREATED)
 
 
 def _identity(process: pd.Categorical, rank, local_rank, pid, kind: pd.Categorical) -> dict:

@@ -13,6 +13,7 @@ Kept events, and what they become (so the existing `classify` and analyses apply
 | `enumerate(DataLoader)#<IterClass>.__next__`        | `DataLoaderIter`      | getnext |
 | `enumerate(DataPipe)#<Pipe>` (torch < 2.x), outermost only | `DataLoaderIter` | getnext |
 | `ProfilerStep#<N>`                                  | `Step:ModeKeys.TRAIN` | step    |
+| `aten::random_` just before a run of one loader's `__next__` | `DataLoaderCreated` | created |
 
 - Times: wall clock = `baseTimeNanoseconds` + `ts` (float microseconds); traces without
   `baseTimeNanoseconds` must carry absolute `ts` (older Kineto did). An event outside
@@ -27,9 +28,23 @@ Kept events, and what they become (so the existing `classify` and analyses apply
   `<pid>-<host>` without a rank.
 - `ProfilerStep#N` marks are taken as training steps: `prof.step()` is called from the
   training loop.
-- Kineto records no iterator creation, no worker processes and no worker ids
-  (`NOT_RECORDED`): worker_id is -1 for `_SingleProcessDataLoaderIter` and unknown (null)
-  otherwise; num_workers is 0 for `_SingleProcessDataLoaderIter`, unknown otherwise.
+- An iterator's creation shows only as its seed draw: `_BaseDataLoaderIter.__init__` runs
+  `torch.empty((), dtype=torch.int64).random_(generator).item()` in the thread that then calls
+  `__next__` (torch 2.x; a shuffling sampler draws once more as the iterator starts). An
+  `aten::random_` in that thread after its previous `__next__` and before one that begins a run
+  of an iterator class (the thread's first in the recording, or the first after another
+  class's: where the analysis starts an iterator, dataloader.call_segments) becomes a `created`
+  event (no duration): the recording saw that iterator's first batch as its first (a recording
+  that begins mid-epoch does not), which the worker-count inference needs to place the rounds.
+  In a recording that begins mid-epoch, a loop that draws with `random_` or `torch.randint`
+  (its `aten::random_` nests in `aten::randint`, which is not kept) just before its first
+  recorded `__next__` would pass for one: the rounds are then placed off by the batches the
+  recording missed, which changes the worker a finding names, not the count inferred (the
+  stalls' period).
+- Kineto records no iterator initialization (its moment at most, above), no worker processes
+  and no worker ids (`NOT_RECORDED`): worker_id is -1 for `_SingleProcessDataLoaderIter` and
+  unknown (null) otherwise; num_workers is 0 for `_SingleProcessDataLoaderIter`, unknown
+  otherwise.
 - iterator_id numbers the recording window (one file), since Kineto has no iterator
   identity: batches of different profiling cycles are never joined into one batch time.
 - DataPipe events nest (every pipe of a chain records its own `__next__`) and run inside
@@ -78,8 +93,11 @@ STEP_PREFIX = "ProfilerStep#"
 _KEPT_PREFIXES = GETNEXT_PREFIXES + (STEP_PREFIX,)
 SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
 
-# `"name": "<prefix>` of a kept event; JSON allows whitespace around the colon.
-_CANDIDATE_RE = re.compile(rb'"name"\s*:\s*"(?:enumerate\(Data(?:Loader|Pipe)\)#|ProfilerStep#)')
+SEED_DRAW = "aten::random_"  # what an iterator's __init__ records (see the module's docstring)
+
+# `"name": "<prefix>` of a kept event (group 1), or the seed draw's name; JSON allows whitespace
+# around the colon.
+_CANDIDATE_RE = re.compile(rb'"name"\s*:\s*"(?:(enumerate\(Data(?:Loader|Pipe)\)#|ProfilerStep#)|aten::random_")')
 _BASE_TIME_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _HOST_RE = re.compile(rb'"host_name"\s*:\s*("(?:[^"\\]|\\.)*")')
 _DIST_RE = re.compile(rb'"distributedInfo"\s*:\s*\{')
@@ -178,7 +196,7 @@ class _Scanner:
                 return start, offset + start
             resume = offset + end
             if obj is None:
-                self.bad += 1
+                self.bad += match.group(1) is not None  # (a broken op is not one of ours)
                 continue
             self._take(obj)
         if final:
@@ -189,13 +207,14 @@ class _Scanner:
 
     def _take(self, obj: dict) -> None:
         name, cat = obj.get("name"), obj.get("cat")
-        if obj.get("ph") != "X" or not isinstance(name, str) or not name.startswith(_KEPT_PREFIXES):
+        if obj.get("ph") != "X" or not isinstance(name, str) or not (name.startswith(_KEPT_PREFIXES)
+                                                                      or name == SEED_DRAW):
             return  # flow or instant events carry the name too
         if isinstance(cat, str) and cat.startswith("gpu_"):
             return  # the GPU-side copy of an annotation (gpu_user_annotation)
         ts, dur = _as_number(obj.get("ts")), _as_number(obj.get("dur"))
         if ts is None or dur is None or dur < 0:
-            self.bad += 1
+            self.bad += name != SEED_DRAW
             return
         tid = obj.get("tid")
         self.events.append((name, _as_int(obj.get("pid")), tid if isinstance(tid, (int, str)) else None,
@@ -314,6 +333,30 @@ def _outermost(events: list[tuple]) -> tuple[list[tuple], int]:
     return kept, dropped
 
 
+def _iterator_creations(events: list[tuple], draws: list[tuple]) -> list[tuple]:
+    """A `created` event (name, pid, tid, ts, 0) for each GetNext that begins a thread's run of
+    one iterator class and that a seed draw of that thread precedes, after the thread's GetNext
+    before it (the latest such draw: a shuffling sampler's comes after __init__'s). `events`:
+    the kept events, in time order."""
+    if not draws:
+        return []
+    draws_of: dict = {}
+    for _name, pid, tid, ts, dur in draws:
+        draws_of.setdefault((pid, tid), []).append((ts, ts + dur))
+    created, previous_name, previous_end = [], {}, {}
+    for name, pid, tid, ts, dur in events:
+        if name.startswith(STEP_PREFIX):
+            continue
+        thread = (pid, tid)
+        if previous_name.get(thread) != name:
+            after = previous_end.get(thread, -math.inf)
+            inside = [start for start, end in draws_of.get(thread, ()) if start >= after and end <= ts]
+            if inside:
+                created.append((fmt.created_event_name(name.removesuffix(".__next__")), pid, tid, max(inside), 0.0))
+        previous_name[thread], previous_end[thread] = name, ts + dur
+    return created
+
+
 def parse_kineto_file(data: bytes, key: str) -> ParsedFile:
     """Canonical framework rows (FRAMEWORK_ARROW_SCHEMA) of one Kineto trace file.
 
@@ -350,7 +393,7 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
         skipped += 1
         problems.append("the trace ends early (truncated?): events after the last complete one are lost")
     events = scanner.events
-    if not events:
+    if not any(e[0] != SEED_DRAW for e in events):
         return ParsedFile(None, skipped, problems)
     if base_ns is None:
         if min(e[3] for e in events) < _ABSOLUTE_TS_US:
@@ -360,9 +403,11 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
     # Placed before nesting is looked at: a wrong time (a duration of 1e19) would swallow events.
     events, far = _placed(events, base_ns, problems)
     skipped += far
-    events, _nested = _outermost(events)
+    draws = [e for e in events if e[0] == SEED_DRAW]
+    events, _nested = _outermost([e for e in events if e[0] != SEED_DRAW])
     if not events:
         return ParsedFile(None, skipped, problems)
+    created = _iterator_creations(events, draws)
 
     named_host, named_rank = name_identity(key)
     host = host or named_host or DEFAULT_HOST
@@ -374,13 +419,16 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
     steps = sorted((e[3], e[3] + e[4], _as_int(e[0][len(STEP_PREFIX):])) for e in events
                    if e[0].startswith(STEP_PREFIX))
     columns = {f.name: [] for f in FRAMEWORK_ARROW_SCHEMA}
-    for name, pid, _tid, ts, dur in events:
+    for at, (name, pid, _tid, ts, dur) in enumerate(events + created):
         start_ns = base_ns + round(ts * 1000)
         start_us = (start_ns + 500) // 1000
         end_us = (start_ns + round(dur * 1000) + 500) // 1000
         is_step = name.startswith(STEP_PREFIX)
         if is_step:
             phase, step = fmt.PHASE_STEP_TRAIN, _as_int(name[len(STEP_PREFIX):])
+            worker_id = num_workers = None
+        elif at >= len(events):
+            phase, step = fmt.PHASE_CREATED, _containing_step(steps, ts)
             worker_id = num_workers = None
         else:
             single = SINGLE_PROCESS_ITER in name

@@ -44,7 +44,7 @@ PHASE_COLORS = {
     fmt.PHASE_STEP_EVAL: "#F0E442",
     fmt.PHASE_EPOCH_END: "#000000",
 }
-PHASE_ORDER = [fmt.PHASE_INIT, fmt.PHASE_FIRST_BATCH, fmt.PHASE_ITER, fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH,
+PHASE_ORDER = [fmt.PHASE_INIT, fmt.PHASE_CREATED, fmt.PHASE_FIRST_BATCH, fmt.PHASE_ITER, fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH,
                fmt.LEGACY_PHASE_WORKER_FETCH, fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_EVAL, fmt.PHASE_EPOCH_END]
 # Other phases (Kineto's, a newer collector's) take these, in order of appearance: Paul Tol's
 # muted colours, apart from the kinds above.
@@ -269,7 +269,8 @@ def framework_gantt(frame: pd.DataFrame, rows: GanttRows, span_us: float, budget
     n_rows = max(1, len(rows.labels))
     bars_per_row = int(np.clip(budget / 4 / n_rows, 100, decimate.DEFAULT_BUCKETS))
     starts, ends = frame["start_us"].to_numpy(), frame["end_us"].to_numpy()
-    traces = _gantt_traces(starts, ends, rows.row, codes, names, values, _event_hover(frame),
+    hover = _event_hover(frame)
+    traces = _gantt_traces(starts, ends, rows.row, codes, names, values, hover,
                            gap_us=max(span_us, 1) / bars_per_row, axes=axes)
     if stalls.any():
         traces[-1]["meta"] = "stall-bars"  # the stall colour is the last, so its trace too
@@ -277,14 +278,27 @@ def framework_gantt(frame: pd.DataFrame, rows: GanttRows, span_us: float, budget
         middle = (starts[at] + ends[at]) / 2
         keep = at[decimate.peaks_over(middle, durations[at], stall_us)]
         middle = (starts[keep] + ends[keep]) / 2
-        traces.append({"type": "scatter", "x": typed_array(us_to_ms(middle)),
-                       "y": typed_array(rows.row[keep].astype("float64")), "mode": "markers",
-                       "name": names[-1], "legendgroup": f"gantt-{names[-1]}", "showlegend": False,
-                       "xaxis": axes[0], "yaxis": axes[1], "meta": "stall-marks",
-                       "marker": {"symbol": "line-ns", "size": 16, "line": {"width": 3, "color": OUTLIER_COLOR}},
-                       "hovertext": [f"{STALL_NAME}: {t}" for t in durations_us(durations[keep])],
-                       "hoverinfo": "text"})
+        traces.append(_ticks(middle, rows.row[keep], names[-1], OUTLIER_COLOR, axes,
+                             [f"{STALL_NAME}: {t}" for t in durations_us(durations[keep])], meta="stall-marks"))
+    if fmt.PHASE_CREATED in present:
+        # An iterator's creation as Kineto shows it is a moment: a bar of no length would not
+        # show, a tick does (one per iterator).
+        at = np.flatnonzero(phase_codes == phase_names.index(fmt.PHASE_CREATED))
+        traces.append(_ticks(starts[at].astype("float64"), rows.row[at], fmt.PHASE_CREATED,
+                             colors[fmt.PHASE_CREATED], axes, hover(at)))
     return traces
+
+
+def _ticks(at_us: np.ndarray, rows: np.ndarray, name: str, color: str, axes: tuple[str, str], hovertext: list[str],
+           meta: str | None = None) -> dict:
+    """Vertical ticks at moments on Gantt rows, in the legend group of the bars named `name`:
+    they show where a bar is narrower than a pixel, or has no length."""
+    trace = {"type": "scatter", "x": typed_array(us_to_ms(at_us)), "y": typed_array(rows.astype("float64")),
+             "mode": "markers", "name": name, "legendgroup": f"gantt-{name}", "showlegend": False,
+             "xaxis": axes[0], "yaxis": axes[1],
+             "marker": {"symbol": "line-ns", "size": 16, "line": {"width": 3, "color": color}},
+             "hovertext": hovertext, "hoverinfo": "text"}
+    return trace if meta is None else {**trace, "meta": meta}
 
 
 # --- the window: system metrics and framework events ----------------------------------------

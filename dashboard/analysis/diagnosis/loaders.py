@@ -58,6 +58,9 @@ class Loader:
     # process's time from this GetNext's end to the next one's start; NaN for the last).
     calls: pd.DataFrame
     num_workers_inferred: bool = False  # not recorded: read from the period of its stalls
+    # Its segments whose iterator's creation the trial shows just before their first GetNext
+    # (Kineto's `created` events): their first batch is the iterator's first.
+    seen_from_start: frozenset[int] = frozenset()
 
     @property
     def name(self) -> str:
@@ -363,7 +366,8 @@ def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
     return matched
 
 
-def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.ndarray) -> list[Loader]:
+def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.ndarray,
+             seen_from_start: frozenset[int] = frozenset()) -> list[Loader]:
     calls = calls[np.isin(calls["segment"].to_numpy(), training)]
     if calls.empty:
         return []
@@ -392,7 +396,8 @@ def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: n
             pin_memory=_optional(first["pin_memory"], bool), persistent=persistent,
             persistent_recorded=recorded is not None, prefetch_factor=prefetch,
             in_order=True if in_order is None else in_order,
-            calls=group.drop(columns=["loader"])))
+            calls=group.drop(columns=["loader"]),
+            seen_from_start=seen_from_start & frozenset(mine["segment"].tolist())))
     out.sort(key=lambda loader: -loader.wait_us)
     return out
 
@@ -432,6 +437,20 @@ def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matc
     windows = subtract(lo, hi, evaluation["lo"].to_numpy(dtype=np.int64),
                        evaluation["hi"].to_numpy(dtype=np.int64))
     return windows, estimated, pd.DataFrame({"lo": lo, "hi": hi}, index=train.index)
+
+
+def _seen_from_start(calls: pd.DataFrame, framework: pd.DataFrame) -> frozenset[int]:
+    """The segments whose first GetNext is the first of its pid after a `created` event (a
+    Kineto trace's sign that the recording saw the iterator begin: trial/kineto_format.py)."""
+    created = framework[(framework["kind"] == fmt.KIND_CREATED).to_numpy()]
+    if created.empty or calls.empty:
+        return frozenset()
+    moments = pd.DataFrame({"pid": ints_or(created["pid"], -1), "at": created["start_us"].to_numpy(dtype=np.int64)})
+    firsts = pd.DataFrame({"pid": calls["pid"].to_numpy(), "at": calls["start_us"].to_numpy(dtype=np.int64),
+                           "segment": calls["segment"].to_numpy(), "index": calls["index"].to_numpy()})
+    following = pd.merge_asof(moments.sort_values("at"), firsts.sort_values("at"), on="at", by="pid",
+                              direction="forward").dropna(subset=["segment"])
+    return frozenset(following.loc[following["index"] == 0, "segment"].astype("int64").tolist())
 
 
 def _epoch_ends(framework: pd.DataFrame) -> pd.Series:
@@ -495,7 +514,8 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame, processes_per_host:
             ["start_us", "end_us", "duration_us", "worker_id", "iterator_id", "cpu_us", "runq_us"]]
         out.append(ProcessTraining(process, host, rank, pid, label, span, process_calls, inits, training, windows,
                            has_steps, steps_matched, estimated, segment_windows,
-                           _loaders(process, process_calls, inits, training), cpu, iowait, cores, gpus, fetches))
+                           _loaders(process, process_calls, inits, training, _seen_from_start(process_calls, process_fw)),
+                           cpu, iowait, cores, gpus, fetches))
     out.sort(key=process_order)
     return out
 

@@ -198,7 +198,11 @@ PERIOD_GAP_SHARE = 0.75
 PERIOD_COVERAGE = 0.5
 PERIOD_MAX = 64
 # A first batch this many times the ready batches' wait: the recording began with the
-# iterator (it paid the workers' start), so batch b is the iterator's b-th.
+# iterator (it paid the workers' start), so batch b is the iterator's b-th. Where the trial
+# shows the iterator's creation (Loader.seen_from_start) that is known, however quick the
+# first batch: workers that had their first batches ready by the first next() (the loop did
+# something else after iter(), or the host made the main process wait) give one no longer
+# than a ready batch's.
 FRESH_START_FACTOR = 5.0
 
 
@@ -207,7 +211,8 @@ def infer_workers(loader: Loader) -> int | None:
     (torch.profiler traces): under in-order delivery the waits recur once per round of
     num_workers batches, on alike workers (the batch first in line) as on a slow one. Only
     iterators that the recording saw start count (else the batch numbers are not the
-    iterator's, and the round cannot be placed)."""
+    iterator's, and the round cannot be placed): shown created, or with a first batch that
+    paid the workers' start."""
     calls = loader.calls
     waits = calls["duration_us"].to_numpy(dtype=np.float64)
     index = calls["index"].to_numpy()
@@ -221,7 +226,8 @@ def infer_workers(loader: Loader) -> int | None:
     found = {}
     for seg in np.unique(segment):  # iterators of a trace: one per recording, a few
         mine = segment == seg
-        if waits[mine & (index == 0)].max(initial=0.0) < FRESH_START_FACTOR * max(ready, 1.0):
+        if seg not in loader.seen_from_start and \
+                waits[mine & (index == 0)].max(initial=0.0) < FRESH_START_FACTOR * max(ready, 1.0):
             continue
         stalls = index[mine & inner & (waits > threshold)]
         if len(stalls) < PERIOD_MIN_STALLS:
