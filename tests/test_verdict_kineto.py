@@ -150,10 +150,15 @@ def test_a_recording_that_saw_the_iterator_created_places_its_rounds_however_qui
     assert found.evidence["num_workers"] == 2 and found.evidence["num_workers_inferred"] is True
     assert found.evidence["worker_id"] == 1  # batch i of the epoch goes to worker i mod 2
     waits = [e - s for s, e in calls]
-    odd = range(1, len(calls) - 1, 2)
+    # Worker 1's batches after the 4 the pause let the workers ready (prefetch_factor 2 x 2
+    # workers), not the last call (StopIteration).
+    odd = range(5, len(calls) - 1, 2)
     listed = [b["batch"] for b in found.evidence["batches"]]
-    assert all(b % 2 == 1 for b in listed) and len(listed) >= 0.8 * len(odd)
-    assert sum(waits[i] > 0.015 for i in odd) >= 0.8 * len(odd)  # the loop's books agree
+    assert all(b % 2 == 1 for b in listed) and len(set(listed) & set(odd)) >= 0.8 * len(odd)
+    # The loop's books agree: 10 of 10 of those batches waited over 15 ms in 4 quiet runs, 9 of
+    # 10 in 5 runs with two `yes` (batch 5, whose fetch began in the pause, waited 7-14 ms); the
+    # finding listed 10 of 10 in all.
+    assert sum(waits[i] > 0.015 for i in odd) >= 0.8 * len(odd)
 
 
 def test_slow_worker_start_is_start_up_cost(tmp_path):
