@@ -122,12 +122,13 @@ def test_one_slow_worker_shows_as_a_stall_every_two_batches(tmp_path):
 
 def test_a_recording_that_saw_the_iterator_created_places_its_rounds_however_quick_its_first_batch(tmp_path):
     """Persistent workers, a shuffling sampler, and only the second epoch recorded, after a pause
-    in which the workers readied their first batches: its first batch came as quick as a ready
-    one (the loop's books, 4 runs: 1.5-1.8 ms against 0.39-0.48 ms, 3-4x; 5x is what a first
-    batch must take to count as a fresh start by its wait alone, which this epoch's workers, long
-    started, never pay). What says the recording saw the iterator begin is the sampler's seed
-    draw just before it (an epoch of persistent workers draws no iterator seed; a shuffling
-    sampler draws its own)."""
+    in which the workers readied their first batches: its first batch came about as quick as a
+    ready one (the loop's books, quiet: 1.5-2.2 ms in 8 runs; 3-4x the ready batches' 0.39-0.48 ms
+    in the 4 where both were kept), where 5x is what a first batch must take to count as a fresh
+    start by its wait alone, and this epoch's workers, long started, never pay that. What says
+    the recording saw the iterator begin is the sampler's seed draw just before it (an epoch of
+    persistent workers draws no iterator seed; a shuffling sampler draws its own): without it
+    (shuffle=False), the same run got no worker count and no finding."""
     loader = DataLoader(Samples(48, sleep_s=0.03, slow_worker=1), batch_size=2, num_workers=2,
                         persistent_workers=True, shuffle=True)
     for _ in loader:  # the first epoch: the workers start, unrecorded

@@ -36,8 +36,8 @@ ARG_COLUMNS = ("process", "rank", "worker_id", "iterator_id", "step", "num_worke
 # Linux pid, whose maximum is 2**22).
 SYNTHETIC_PID_BASE = 1 << 23
 # Phases in the order their threads are listed.
-_PHASE_ORDER = [fmt.PHASE_ITER, fmt.PHASE_INIT, fmt.PHASE_CREATED, fmt.PHASE_FIRST_BATCH, fmt.PHASE_EPOCH_END, fmt.PHASE_WORKER,
-                fmt.PHASE_WORKER_FETCH]
+_PHASE_ORDER = [fmt.PHASE_ITER, fmt.PHASE_INIT, fmt.PHASE_CREATED, fmt.PHASE_FIRST_BATCH, fmt.PHASE_EPOCH_END,
+                fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH]
 
 
 def _plain(value):

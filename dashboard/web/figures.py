@@ -44,8 +44,9 @@ PHASE_COLORS = {
     fmt.PHASE_STEP_EVAL: "#F0E442",
     fmt.PHASE_EPOCH_END: "#000000",
 }
-PHASE_ORDER = [fmt.PHASE_INIT, fmt.PHASE_CREATED, fmt.PHASE_FIRST_BATCH, fmt.PHASE_ITER, fmt.PHASE_WORKER, fmt.PHASE_WORKER_FETCH,
-               fmt.LEGACY_PHASE_WORKER_FETCH, fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_EVAL, fmt.PHASE_EPOCH_END]
+PHASE_ORDER = [fmt.PHASE_INIT, fmt.PHASE_CREATED, fmt.PHASE_FIRST_BATCH, fmt.PHASE_ITER, fmt.PHASE_WORKER,
+               fmt.PHASE_WORKER_FETCH, fmt.LEGACY_PHASE_WORKER_FETCH, fmt.PHASE_STEP_TRAIN, fmt.PHASE_STEP_EVAL,
+               fmt.PHASE_EPOCH_END]
 # Other phases (Kineto's, a newer collector's) take these, in order of appearance: Paul Tol's
 # muted colours, apart from the kinds above.
 OTHER_PHASE_COLORS = ["#882255", "#44AA99", "#117733", "#332288", "#AA4499", "#999933", "#661100", "#6699CC"]

@@ -512,10 +512,10 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame, processes_per_host:
         span = int(process_fw["end_us"].max() - process_fw["start_us"].min())
         fetches = process_fw[(process_fw["kind"] == fmt.KIND_FETCH).to_numpy()][
             ["start_us", "end_us", "duration_us", "worker_id", "iterator_id", "cpu_us", "runq_us"]]
+        trained = _loaders(process, process_calls, inits, training, _seen_from_start(process_calls, process_fw))
         out.append(ProcessTraining(process, host, rank, pid, label, span, process_calls, inits, training, windows,
-                           has_steps, steps_matched, estimated, segment_windows,
-                           _loaders(process, process_calls, inits, training, _seen_from_start(process_calls, process_fw)),
-                           cpu, iowait, cores, gpus, fetches))
+                           has_steps, steps_matched, estimated, segment_windows, trained, cpu, iowait, cores, gpus,
+                           fetches))
     out.sort(key=process_order)
     return out
 
