@@ -475,18 +475,17 @@ class Jobs:
         on one host load (see STEADY_OTHERS). The steal of the hypervisor's other guests is
         compared between the means of the runs like the first and of those with a change (of
         a setting, or of the job's arguments: the hand-over and contention tests change only
-        those), as the tests compare them (see STOLEN_LOADED). (Before, runs that changed only
-        arguments were all taken for the first's kind, and their steal compared by its range
-        over all of them.) The module's shared planted run is not one of them:
-        it was made minutes before, on a host whose speed may have moved since (see 'one
-        stretch of time')."""
+        those), as the tests compare them (see STOLEN_LOADED). The module's shared planted run
+        is not one of them: it was made minutes before, on a host whose speed may have moved
+        since (see 'one stretch of time')."""
         seen = []
         for _ in range(STEADY_ATTEMPTS):
             planted = self.run(fault, None, more_args)
             runs = [planted] + [self.run(fault, *ask(planted)) for ask in asks]
             probes = [p for run in runs for p in run.others]
-            today = [run.stolen for run in runs if not run.change and run.more_args == planted.more_args]
-            changed = [run.stolen for run in runs if run.change or run.more_args != planted.more_args]
+            like_first = [not run.change and run.more_args == planted.more_args for run in runs]
+            today = [run.stolen for run, alike in zip(runs, like_first) if alike]
+            changed = [run.stolen for run, alike in zip(runs, like_first) if not alike]
             stolen_apart = (abs(statistics.mean(today) - statistics.mean(changed)) if today and changed
                             else max(today + changed) - min(today + changed))
             busy = {others_busy(run) for run in runs}

@@ -367,7 +367,7 @@ def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
 
 
 def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: np.ndarray,
-             seen_from_start: frozenset[int] = frozenset()) -> list[Loader]:
+             seen_from_start: frozenset[int]) -> list[Loader]:
     calls = calls[np.isin(calls["segment"].to_numpy(), training)]
     if calls.empty:
         return []
