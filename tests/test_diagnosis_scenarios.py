@@ -49,6 +49,7 @@ import pytest
 
 import dashboard
 from dashboard import format as fmt
+from dashboard.analysis.diagnosis.findings import MIN_SHARE_OF_JOB
 from tests.conftest import ROOT
 
 # pytest.ini's marker for tests that run real PyTorch training (as tests/test_collector.py).
@@ -277,26 +278,35 @@ CONTENTION_GROUPS = 2
 # then held the contention's queueing, which the replay does not model), the same pairs gave 0,
 # 0, 0.15, 0.59, 0.61 and 0.98x.
 CONTENTION_THROUGHPUT_TOLERANCE = 0.35
-# Where out-of-order delivery would not help, the slow-worker finding says so and proposes no
-# change (findings/imbalance.py): out of order every batch is handed over from the result queue,
-# a round trip to a worker, which on a busy host costs about what the order does. The slow_worker
-# job with its slow worker's delay mostly hidden behind more compute per batch (--hidden 2560)
-# and the job's own two busy processes beside it (--hogs 2). Measured (2026-12-03), in A B B A
-# groups (planted, out of order, out of order, planted), 4 groups quiet: every planted run named
-# the slow worker (its imbalance part 0.25-0.29 s of 0.6-0.75 s of wait) and proposed no change;
-# out of order removed +0.01, -0.02, +0.01 and -0.08 s of wait (means of each group's two runs
-# each way), against the bar of half the imbalance part, 0.13 s. Where out of order does help, it
-# removes most of that part (the job with --hogs 2 alone, one pair: 1.94 s of its 2.35 s). The predicted training
-# time was 1.04-1.22x the re-runs' (the model charges every out-of-order batch the mean hand-over
-# of the batches in-order delivery received from the queue, and over-predicts the wait here:
-# 1.33 s against 0.69 s; the direction holds, the size is 2x). With two `yes` besides (2 groups)
-# the slow worker faded under the other load: 1 of 4 planted runs named it (imbalance 0.07-0.22
-# s, no change proposed), out of order removed -0.24 and 0.00 s, and one group's two re-runs
-# waited 1.16 and 0.80 s: the waits' noise is the size of the part, and the bar on it is checked
-# on a quiet host only (the training time's, 1.05x and 1.24x, is checked on both).
+# Whether out-of-order delivery helps a slow worker depends on how much of its delay the compute
+# hides, so on the host's speed: the finding must propose it where the re-runs gain, and say it
+# would not help where they do not (findings/imbalance.py: out of order every batch is handed over
+# from the result queue, a round trip to a worker, which on a busy host costs about what the order
+# does). The slow_worker job with its slow worker's delay partly hidden behind more compute per
+# batch (--hidden 2560) and the job's own two busy processes beside it (--hogs 2) sits near that
+# line. Measured in A B B A groups (planted, out of order, out of order, planted):
+# - on 2026-12-03 (first session), 4 groups quiet: the imbalance part 0.25-0.29 s of 0.6-0.75 s
+#   of wait; out of order removed +0.01, -0.02, +0.01 and -0.08 s of wait; every planted run
+#   named the slow worker and proposed no change. With two `yes` besides (2 groups) the slow
+#   worker faded: 1 of 4 planted runs named it, out of order removed -0.24 and 0.00 s;
+# - on 2026-12-03 (a later session, and CI the same day), 4 groups quiet: the imbalance part
+#   0.28-0.89 s of 0.80-1.35 s of wait; out of order trained 3.62-4.22 s against 4.92-5.15 s
+#   (means 3.87 and 4.98 s: a gain of 22 %), and waited 0.54-0.68 s. With the hand-over out of
+#   order charged as the mean of all received batches, 7 of 8 planted runs proposed it and one
+#   predicted it 0.39 s slower; charged as a waited-for batch's (pipeline._delivery_by_path), all
+#   12 planted runs propose it, predicting 4.24-5.00 s (means 1.18x the re-runs': the re-runs
+#   also computed faster) and 0.48-0.84 s of wait.
+# The decision is checked where the re-runs' gain is clear of the finding's bar (2 % of the job,
+# about 0.1 s) by one bar either way: a gain of twice the bar or more, and the planted runs that
+# name the slow worker propose it (all but NOT_HELPING_MISSES of them: each decides on its own
+# prediction, whose saving spread 0.14-0.69 s over the 12 runs above); a loss of a bar or more,
+# and none proposes it. Where none proposes it, out of order must remove less than
+# NOT_HELPING_SHARE of the imbalance part (on a quiet host: with two `yes` the waits' noise is
+# the size of the part, see above). The training time predicted is checked on both hosts.
 HIDDEN_SLOW_WORKER_ARGS = ("--hogs", "2", "--hidden", "2560")
 NOT_HELPING_SHARE = 0.5
 NOT_HELPING_GROUPS = 2
+NOT_HELPING_MISSES = 1
 
 # Findings per scenario: the one its planted cause must produce, and ones that would be wrong.
 EXPECTED = {"latency": "more_workers", "cpu": "cpu_saturated", "slow_worker": "slow_worker",
@@ -714,7 +724,7 @@ def ab_means(today: list[Run], changed: list[Run], change: dict) -> dict:
             "predicted": predictions}
 
 
-def test_out_of_order_delivery_is_not_proposed_where_it_would_not_help(jobs):
+def test_out_of_order_delivery_is_proposed_where_the_re_runs_gain_and_only_there(jobs):
     def out_of_order(planted):
         return {"in_order": False}, HIDDEN_SLOW_WORKER_ARGS
 
@@ -724,24 +734,36 @@ def test_out_of_order_delivery_is_not_proposed_where_it_would_not_help(jobs):
     today = [run for run in runs if not run.change]
     changed = [run for run in runs if run.change]
     assert len(today) == len(changed) == 2 * NOT_HELPING_GROUPS
+    named = []
     for run in today:
         if host_was_loaded(run) and "slow_worker" not in ids(run.result):
             continue  # (other load hides the slow worker further: see NOT_HELPING_SHARE)
-        named = finding(run.result, "slow_worker")
-        assert named.evidence["worker_id"] == run.books["settings"]["slow_worker_id"], named.evidence
-        assert named.change is None and "would not help" in named.text, named.text
+        found = finding(run.result, "slow_worker")
+        assert found.evidence["worker_id"] == run.books["settings"]["slow_worker_id"], found.evidence
+        assert found.change in (None, {"in_order": False}), found.change
+        assert (found.change is None) == ("would not help" in found.text), found.text
+        named.append(found)
     compared = ab_means(today, changed, {"in_order": False})
     imbalance = statistics.mean(only_budget(run).parts["imbalance"] for run in today)
     removed = statistics.mean(run.books["wait_s"] for run in today) - compared["fixed_wait_s"]
-    shown = str({"imbalance_s": imbalance, "removed_s": removed, **compared})
+    gain = compared["today_s"] - compared["fixed_s"]
+    bar = MIN_SHARE_OF_JOB * compared["today_s"]
+    proposed = sum(found.change is not None for found in named)
+    shown = str({"gain_s": gain, "bar_s": bar, "proposed": f"{proposed} of {len(named)}",
+                 "imbalance_s": imbalance, "removed_s": removed, **compared})
     print(f"out of order: {shown}")
+    if gain >= 2 * bar:
+        assert proposed >= len(named) - NOT_HELPING_MISSES, shown
+    if gain <= -bar:
+        assert proposed == 0, shown
     # The training time the text names for the change holds as the other predictions do.
     assert compared["predicted_fraction"] == pytest.approx(compared["fixed_fraction"], abs=WAIT_FRACTION_TOLERANCE), (
         shown)
     assert compared["predicted_s"] == pytest.approx(compared["fixed_s"], rel=TRAINING_RELATIVE_TOLERANCE), shown
-    skip_if_host_was_loaded(runs, f"the waits' noise is then as large as the slow worker's part "
-                                  f"(see NOT_HELPING_SHARE): {shown}")
-    assert removed < NOT_HELPING_SHARE * imbalance, shown
+    if proposed == 0:
+        skip_if_host_was_loaded(runs, f"the waits' noise is then as large as the slow worker's part "
+                                      f"(see NOT_HELPING_SHARE): {shown}")
+        assert removed < NOT_HELPING_SHARE * imbalance, shown
 
 
 def test_cheaper_samples_shorten_the_hand_over_the_cpu_finding_names(jobs):

@@ -99,6 +99,7 @@ class PipelineModel:
     # waited for an earlier batch) and stored.
     received_us: float
     stored_us: float
+    out_of_order_us: float  # what a next() costs where each takes its own batch off the queue (out of order)
     service_measured: bool  # fetch events (collector) gave the service times
     cpu_measured: bool  # fetch events carried the worker's CPU time
     cores: int | None
@@ -338,7 +339,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     measured = False
     if not workers:  # the main process loads each batch inside next()
         service = wait.copy()
-        delivery = delivery_base = received = stored_cost = 0.0
+        delivery = delivery_base = received = stored_cost = out_of_order = 0.0
     elif matched is not None and matched["duration_us"].notna().mean() >= 0.5:
         fetch_start = matched["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
         fetch_end = matched["end_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -360,8 +361,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
             delivery_base = delivery
         else:
             delivery_base = min(delivery, _delivery_from_waits(wait[ready_before]))
-        received, stored_cost = _delivery_by_path(segment, fetch_end, handover, settings.in_order,
-                                                  delivery, delivery_base)
+        received, stored_cost, out_of_order = _delivery_by_path(segment, fetch_end, ask, handover, settings.in_order,
+                                                          delivery, delivery_base)
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
         for w in range(workers):
@@ -380,7 +381,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     else:
         # Without fetch events a next() cannot be told to have taken its batch from the queue
         # or from the stored ones: every one is charged the same.
-        delivery = delivery_base = received = stored_cost = _delivery_from_waits(wait)
+        delivery = delivery_base = received = stored_cost = out_of_order = _delivery_from_waits(wait)
     if workers and not measured:
         service, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
@@ -442,7 +443,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
 
     model = PipelineModel(
         settings=settings, delivery_us=float(delivery), delivery_base_us=float(delivery_base),
-        received_us=float(received), stored_us=float(stored_cost),
+        received_us=float(received), stored_us=float(stored_cost), out_of_order_us=float(out_of_order),
         service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
@@ -509,10 +510,11 @@ def _delivery_from_waits(wait: np.ndarray) -> float:
     return min(float(np.median(short)) if len(short) else low, DELIVERY_CAP_US)
 
 
-def _delivery_by_path(segment, fetch_end, handover, in_order, delivery, delivery_base) -> tuple[float, float]:
+def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
+                      delivery_base) -> tuple[float, float, float]:
     """What a next() costs beyond its batch's fetch (us): (taking the batch from the result
-    queue, returning one taken off it earlier and stored), the means of today's measured
-    hand-overs of each kind: the replay sums them, and on a busy host a hand-over's spread is
+    queue, returning one taken off it earlier and stored, taking its own batch off the queue
+    out of order), the means of today's measured hand-overs of each kind: the replay sums them, and on a busy host a hand-over's spread is
     wide (the slow_worker job with two busy processes: received ones' median 3.6 ms, mean
     4.3 ms; with medians its out-of-order re-runs' wait was predicted at 0.20-0.25 of training
     against 0.28-0.36 measured, with means 0.26-0.32).
@@ -528,7 +530,18 @@ def _delivery_by_path(segment, fetch_end, handover, in_order, delivery, delivery
     stored there) predicted its out-of-order re-runs' wait at 0.07-0.17 of training on the busy
     host, where they measured 0.28-0.36 (quiet, the waits it leaves out are small).
     A batch is stored when its fetch ended before that of an earlier batch of its iterator
-    (the queue is first in, first out); out of order none is."""
+    (the queue is first in, first out); out of order none is.
+
+    The third, where every next() takes its own batch off the queue (out of order): in order,
+    the mean hand-over of the received batches whose fetch ended after their next() had asked.
+    A received batch that was ready at the ask pays also for the later batches queued ahead of
+    it, which it takes off and stores (their own next() then costs the stored path's 0.2 ms);
+    one that ended while next() waited pays its own receive alone (the batches ahead of it were
+    taken off during the wait). The slow_worker job with its delay partly hidden and two busy
+    processes beside it (12 quiet runs): ready received 6.2-18.4 ms mean, waited received
+    2.4-4.9 ms, its 12 out-of-order re-runs' next()s 3.2-4.2 ms; with the mean of all received
+    (3.7-7.4 ms) one run of 8 predicted out of order 0.39 s slower, where its re-runs trained
+    1.1 s faster. Out of order today, every batch is received: their mean."""
     if in_order:
         ends = pd.Series(fetch_end)
         earlier = ends.groupby(segment).cummax().groupby(segment).shift(1).to_numpy(dtype=np.float64)
@@ -538,8 +551,10 @@ def _delivery_by_path(segment, fetch_end, handover, in_order, delivery, delivery
     measured = np.isfinite(handover)
     received = _mean(handover[measured & ~stored])
     stored_cost = _mean(handover[measured & stored])
-    return (received if received is not None else delivery,
-            stored_cost if stored_cost is not None else delivery_base)
+    waited = _mean(handover[measured & ~stored & (fetch_end > ask)]) if in_order else None
+    received = received if received is not None else delivery
+    return (received, stored_cost if stored_cost is not None else delivery_base,
+            waited if waited is not None else received)
 
 
 def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers, prefetch, first_ask,
@@ -712,7 +727,7 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
     sigma = model.stretch(max(workers, 1))
     cost_all = model.latency_base_us + model.cpu_base_us * sigma
     if model.settings.num_workers:
-        delivery = (model.received_us, model.stored_us)
+        delivery = (model.received_us if settings.in_order else model.out_of_order_us, model.stored_us)
     else:
         delivery = (DEFAULT_DELIVERY_US, DEFAULT_DELIVERY_US)
     speed = [float(model.speed[w]) if w < len(model.speed) else 1.0 for w in range(workers)]

@@ -18,9 +18,11 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     result = ctx.predict({"in_order": False}) if loader.in_order else None
     # Out of order every next() takes its batch from the result queue, a round trip to a worker
     # (pipeline._delivery_by_path): on a busy host whose compute hides most of the slow worker's
-    # delay, that costs more than the order saves, and the change is not proposed. (A loaded
-    # suite run: predicted 5.08 s -> 6.44 s of training; the re-run trained 5.31 s.)
-    helps = result is None or result.predicted is None or result.saving_s > 0
+    # delay, that costs about what the order saves, and the change is not proposed unless it
+    # saves what a finding must be worth (it costs the batch order). (A loaded suite run:
+    # predicted 5.08 s -> 6.44 s of training; the re-run trained 5.31 s. A quiet one proposed it
+    # for a predicted 6 ms of 5 s.)
+    helps = result is None or result.predicted is None or ctx.worth(result.saving_s)
     calls = loader.calls
     model = ctx.model
     mine = np.flatnonzero(model.worker == worker)
@@ -42,8 +44,9 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
                         "; `in_order=False` on the DataLoader (torch >= 2.6) lets the other workers' batches "
                         "through meanwhile, at the cost of batch order." if helps else
                         f". `in_order=False` would not help here: every batch would then be handed over from the "
-                        f"result queue, which costs this host more than the order does (predicted training "
-                        f"{duration_s(result.now['training_s'])} -> {duration_s(result.predicted['training_s'])}).")
+                        f"result queue, which costs this host {'more than' if result.saving_s <= 0 else 'about'} "
+                        f"what the order does (predicted training {duration_s(result.now['training_s'])} -> "
+                        f"{duration_s(result.predicted['training_s'])}).")
             + (predicted_text(result) if helps else ""))
     evidence = ctx.evidence(part_s=round(part, 6), worker_id=int(worker), num_workers=loader.num_workers,
                             median_getnext_s=round(float(steady[worker]), 6),
