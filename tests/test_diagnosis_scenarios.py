@@ -674,8 +674,9 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
                     f"(books: {steady_books(jobs.planted(fault))}); the planted cause's fix is not what it waits for")
     recommendation = finding(jobs.planted(fault).result, EXPECTED[fault])
     if recommendation.change is None:
-        # Only slow_worker's may propose no change: where out-of-order delivery is predicted to cost
-        # more than it saves (a loaded suite run: predicted 5.08 s -> 6.44 s, the re-run trained 5.31 s).
+        # Only slow_worker's may propose no change: where out-of-order delivery is predicted to save
+        # less than a finding must be worth (a loaded suite run: predicted 5.08 s -> 6.44 s, the re-run
+        # trained 5.31 s).
         assert fault == "slow_worker", fault
         pytest.skip(f"{fault}: the finding proposes no change on this host (in_order=False predicted "
                     f"{recommendation.evidence['in_order_false_predicted']})")

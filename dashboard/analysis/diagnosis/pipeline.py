@@ -94,12 +94,13 @@ class PipelineModel:
     settings: Settings
     delivery_us: float  # what a GetNext of a batch its worker had finished costs (median)
     delivery_base_us: float  # of it, delivery itself: the short ones' median (see build)
-    # What the replay charges a next() (see build): one that takes its batch from the result
-    # queue, and one whose batch the main process took off the queue earlier (in order, while it
-    # waited for an earlier batch) and stored.
+    # What the replay charges a next() (see build): in order, one that takes its batch from the
+    # result queue, and one whose batch the main process took off the queue earlier (while it
+    # waited for an earlier batch) and stored; out of order, each taking its own batch off the
+    # queue (see _delivery_by_path).
     received_us: float
     stored_us: float
-    out_of_order_us: float  # what a next() costs where each takes its own batch off the queue (out of order)
+    out_of_order_us: float
     service_measured: bool  # fetch events (collector) gave the service times
     cpu_measured: bool  # fetch events carried the worker's CPU time
     cores: int | None
@@ -361,8 +362,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
             delivery_base = delivery
         else:
             delivery_base = min(delivery, _delivery_from_waits(wait[ready_before]))
-        received, stored_cost, out_of_order = _delivery_by_path(segment, fetch_end, ask, handover, settings.in_order,
-                                                          delivery, delivery_base)
+        received, stored_cost, out_of_order = _delivery_by_path(
+            segment, fetch_end, ask, handover, settings.in_order, delivery, delivery_base)
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
         for w in range(workers):
@@ -514,10 +515,11 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
                       delivery_base) -> tuple[float, float, float]:
     """What a next() costs beyond its batch's fetch (us): (taking the batch from the result
     queue, returning one taken off it earlier and stored, taking its own batch off the queue
-    out of order), the means of today's measured hand-overs of each kind: the replay sums them, and on a busy host a hand-over's spread is
-    wide (the slow_worker job with two busy processes: received ones' median 3.6 ms, mean
-    4.3 ms; with medians its out-of-order re-runs' wait was predicted at 0.20-0.25 of training
-    against 0.28-0.36 measured, with means 0.26-0.32).
+    out of order), the means of today's measured hand-overs of each kind: the replay sums
+    them, and on a busy host a hand-over's spread is wide (the slow_worker job with two busy
+    processes: received ones' median 3.6 ms, mean 4.3 ms; with medians its out-of-order re-runs'
+    wait was predicted at 0.20-0.25 of training against 0.28-0.36 measured, with means
+    0.26-0.32).
 
     In order, next() reads the queue only while it waits for the batch first in line: a batch
     that arrives before an earlier one is stored then (`_task_info`), unpickled, its tensors'
