@@ -33,6 +33,16 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
                f"{duration_s(ev['others_fetch_median_s'])} for the other workers, and " if measured else "")
     steady = ev.get("steady_wait_s") or []
     others = [s for w, s in enumerate(steady) if w != worker]
+    if not loader.in_order:
+        advice = "."
+    elif helps:
+        advice = ("; `in_order=False` on the DataLoader (torch >= 2.6) lets the other workers' batches "
+                  "through meanwhile, at the cost of batch order." + predicted_text(result))
+    else:
+        costs = "more than" if result.saving_s <= 0 else "about"
+        advice = (f". `in_order=False` would not help here: every batch would then be handed over from the "
+                  f"result queue, which costs this host {costs} what the order does (predicted training "
+                  f"{duration_s(result.now['training_s'])} -> {duration_s(result.predicted['training_s'])}).")
     text = (f"Worker {worker} of {loader.label} on {ctx.process.label} is slow: {service}its batches wait "
             f"{duration_s(steady[worker])} against {duration_s(max(others) if others else 0.0)} for the "
             f"other workers' batches"
@@ -40,14 +50,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
                if ev.get("stalls_on_worker") else "")
             + f". With in-order delivery every batch queued behind it waits too ({duration_s(part)} in all). "
             f"Find why that worker is slow (a shard of slow files, a skewed sampler, a slow sample it always "
-            f"gets)" + ("." if not loader.in_order else
-                        "; `in_order=False` on the DataLoader (torch >= 2.6) lets the other workers' batches "
-                        "through meanwhile, at the cost of batch order." if helps else
-                        f". `in_order=False` would not help here: every batch would then be handed over from the "
-                        f"result queue, which costs this host {'more than' if result.saving_s <= 0 else 'about'} "
-                        f"what the order does (predicted training {duration_s(result.now['training_s'])} -> "
-                        f"{duration_s(result.predicted['training_s'])}).")
-            + (predicted_text(result) if helps else ""))
+            f"gets){advice}")
     evidence = ctx.evidence(part_s=round(part, 6), worker_id=int(worker), num_workers=loader.num_workers,
                             median_getnext_s=round(float(steady[worker]), 6),
                             others_median_getnext_s=round(float(max(others)) if others else 0.0, 6),
