@@ -7,9 +7,12 @@ each in fresh processes, interleaved, medians with their spread:
       structs into the same raw table (smdebug_format._raw_trace_table), and the whole parse
       (parse_trace_file: raw table + canonical rows);
   parallel (wall seconds, parse_trace_file over all files, pool start included): serial, 2
-      threads, 2 processes by fork, forkserver and spawn.
+      threads, 2 processes by fork, forkserver and spawn;
+  the load's forked workers (load.ForkedWorkers.parse, every file of the trial, system files
+      too, 2 processes), their tables handed over through shared memory
+      (trial/table_handover.py) or pickled back through the pool's pipe (no shared memory).
 
-    python bench/parse_speed.py [--runs 5]
+    python bench/parse_speed.py [--runs 5] [--size 300000|3000000]
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ sys.path.insert(0, ROOT)
 from stats import spread  # noqa: E402  (bench/, the script's own folder)
 
 MODES = ("serial", "threads", "fork", "forkserver", "spawn")
+WORKER_MODES = ("workers-handover", "workers-pipe")
 
 
 def _datas(folder: str) -> list[bytes]:
@@ -86,23 +90,52 @@ def parallel(folder: str, mode: str) -> float:
     return time.perf_counter() - started
 
 
+def workers(folder: str, mode: str) -> float:
+    """Every file of the trial parsed by the load's 2 forked workers (4 threads waiting on them,
+    as load_trial runs them), the tables handed over (mode workers-handover) or pickled."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dashboard.trial import load, table_handover
+    from dashboard.trial.store import open_store
+
+    if mode == "workers-pipe":
+        table_handover.SHARED_MEMORY_ROOT = os.path.join(folder, "no-such-folder")
+    store = open_store(folder)
+    jobs = [(info, *load.classify_key(info.key)) for info in sorted(store.list(), key=lambda i: i.key)
+            if load.classify_key(info.key) is not None]
+    started = time.perf_counter()
+    forked = load.ForkedWorkers(2)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda job: forked.parse(store.canonical_path, *job, None), jobs))
+    forked.shutdown()
+    return time.perf_counter() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--size", default="300000", choices=("300000", "3000000"),
+                        help="the trial: bench/load_trial.py's 300k, or bench/diagnosis.py's 3M")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         what, folder = args.child
         importlib.import_module("dashboard.trial.smdebug_format")  # (its imports not timed)
 
-        print(json.dumps(decoders(folder) if what == "decoders" else {"wall_s": parallel(folder, what)}))
+        print(json.dumps(decoders(folder) if what == "decoders" else
+                         {"wall_s": (workers if what in WORKER_MODES else parallel)(folder, what)}))
         return 0
-    from load_trial import make_trial
+    if args.size == "300000":
+        from load_trial import make_trial
 
-    folder = make_trial(300_000)
+        folder = make_trial(300_000)
+    else:
+        from diagnosis import make_trial
+
+        folder = make_trial(args.size)
     runs: dict[str, list] = {}
     for _ in range(args.runs):
-        for what in ("decoders",) + MODES:
+        for what in ("decoders",) + MODES + WORKER_MODES:
             out = subprocess.run([sys.executable, __file__, "--child", what, folder], capture_output=True,
                                  text=True, check=True).stdout
             runs.setdefault(what, []).append(json.loads(out.strip().splitlines()[-1]))
@@ -115,6 +148,9 @@ def main() -> int:
               f"({decoded[0]['mb'] / sorted(values)[len(values) // 2]:.0f} MB/s)")
     for mode in MODES:
         print(f"parse, {mode:<10} wall s: {spread([r['wall_s'] for r in runs[mode]])}")
+    for mode in WORKER_MODES:
+        print(f"load's workers, tables {mode.split('-')[1]:<8} wall s (all files): "
+              f"{spread([r['wall_s'] for r in runs[mode]])}")
     return 0
 
 

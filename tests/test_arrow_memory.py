@@ -137,8 +137,9 @@ def test_a_load_hands_back_what_the_c_heap_holds_free(tmp_path):
 
 
 def test_a_forked_load_hands_back_each_table_as_the_frame_takes_it_over(tmp_path):
-    """A load parsed in forked processes receives each file's table pickled: its buffers are
-    bytes objects on the C heap. The frame copies them table by table and frees each, but glibc
+    """A load parsed in forked processes where there is no shared memory to hand the tables over
+    through (dashboard/trial/table_handover.py: here, none at all) receives each file's table
+    pickled: its buffers are bytes objects on the C heap. The frame copies them table by table and frees each, but glibc
     keeps what it frees in the middle of its heap, so the frame grew beside all of them: a
     300k-GetNext trial's load peaked at 270 MB, 200 MB once each table was handed back.
 
@@ -153,6 +154,8 @@ def test_a_forked_load_hands_back_each_table_as_the_frame_takes_it_over(tmp_path
         import dashboard.trial.load as load
 
         load.PROCESS_PARSE_MIN_BYTES = 0  # parsed in forked processes whatever its size
+        import dashboard.trial.table_handover as table_handover
+        table_handover.SHARED_MEMORY_ROOT = {str(tmp_path / "no-shared-memory")!r}  # the pipe, then
 
         def status(key):
             with open("/proc/self/status") as lines:

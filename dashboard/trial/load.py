@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
 
+import dataclasses
 import hashlib
 import os
 import posixpath
@@ -28,6 +29,7 @@ from .kineto_format import JSON_FILE_RE, NOT_A_TRACE, is_kineto_key, parse_kinet
 from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, decompress, duration_text,
                              parse_system_file, parse_trace_file)
 from .store import READ_THREADS, FileInfo, LocalStore, S3Store, Store, fingerprint, open_store
+from .table_handover import TableHandover
 
 FRAMEWORK, SYSTEM = "framework", "system"
 CACHE_WRITERS = 4  # threads that write a load's new files to its file_cache
@@ -454,6 +456,9 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
             return entry.parsed, entry.digest, None, entry.nbytes
         if cluster is None:
             parsed, digest, nbytes = _read_and_parse(store, info, kind, node, guard)
+        elif isinstance(cluster, ForkedWorkers):
+            parsed, digest, nbytes = cluster.parse(store.canonical_path, info, kind, node, guard.max_bytes)
+            guard.add_bytes(nbytes)
         else:
             # The worker opens the trial itself (S3: its own credential chain) and counts the file
             # against max_bytes as it decompresses; the whole trial's count is kept here.
@@ -484,12 +489,14 @@ class ForkedWorkers:
     cluster's workers would do it: work is submitted to either the same way. Forked, so that
     they start in milliseconds with the modules imported, and only from a process that runs no
     other thread (a fork copies the locks other threads hold, and the copy never unlocks):
-    usable() says whether that holds now."""
+    usable() says whether that holds now. A parse's table comes back through shared memory
+    (table_handover.py), not pickled through the pool's pipe, where the host has it to spare."""
 
     def __init__(self, processes: int):
         self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"))
         # Forks them all now, before the load starts its reading threads.
         self._pool.submit(int).result()
+        self._handover = TableHandover.create()  # (None: the tables come back pickled)
 
     @staticmethod
     def usable() -> bool:
@@ -498,8 +505,31 @@ class ForkedWorkers:
     def submit(self, fn, *args, pure: bool = False):  # (pure: Dask's keyword, meaningless here)
         return self._pool.submit(fn, *args)
 
+    def parse(self, path: str, info: FileInfo, kind: str, node: str, max_bytes: int | None,
+              ) -> tuple[ParsedFile, bytes | None, int]:
+        """parse_file_of_trial in a worker, its table handed over through shared memory."""
+        parsed, name, digest, nbytes = self.submit(_parse_handing_over, self._handover, path, info, kind, node,
+                                                   max_bytes).result()
+        if name is not None:
+            try:
+                parsed = dataclasses.replace(parsed, table=self._handover.take(name))
+            except OSError as exc:
+                return _unreadable(exc), None, nbytes
+        return parsed, digest, nbytes
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._handover is not None:
+            self._handover.close()
+
+
+def _parse_handing_over(handover: TableHandover | None, path: str, info: FileInfo, kind: str, node: str,
+                        max_bytes: int | None) -> tuple[ParsedFile, str | None, bytes | None, int]:
+    """parse_file_of_trial, in a forked worker: (parsed, name, digest, nbytes), the table left
+    in the handover under that name (None: it is in parsed, as the pipe then carries it)."""
+    parsed, digest, nbytes = parse_file_of_trial(path, info, kind, node, max_bytes)
+    name = handover.put(parsed.table) if handover is not None and parsed.table is not None else None
+    return (parsed if name is None else dataclasses.replace(parsed, table=None)), name, digest, nbytes
 
 
 def parse_file_of_trial(path: str, info: FileInfo, kind: str, node: str, max_bytes: int | None,

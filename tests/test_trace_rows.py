@@ -1,0 +1,85 @@
+"""smdebug_format.trace_rows: each event's phase from its trace pid's latest definition, and the
+rows kept where the bad ones lie anywhere in the file (a slice when they all come first, a
+filter otherwise: both must keep the same rows)."""
+import json
+
+import pytest
+
+from dashboard.trial.smdebug_format import parse_trace_file
+
+START = 1_795_986_600_000_000
+
+
+def _file(lines: list[dict]) -> bytes:
+    return ("[\n" + ",\n".join(json.dumps(line) for line in lines) + "\n]\n").encode()
+
+
+def _define(pid: int, phase: str) -> dict:
+    return {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": phase}}
+
+
+def _event(name: str, pid: int, ts, dur=10, **args) -> dict:
+    return {"name": name, "ph": "X", "pid": pid, "ts": ts, "dur": dur, "args": {"pid": 77, **args}}
+
+
+def _expected(lines: list[dict]) -> tuple[list, list]:
+    """(names, phases) of the events kept, by the rule itself: an X event with a time, a
+    duration of 0 or more and a name; its phase its trace pid's latest definition above it."""
+    phase_of, names, phases = {}, [], []
+    for line in lines:
+        if line["ph"] == "M" and line["name"] == "process_name" and "name" in line["args"]:
+            phase_of[line["pid"]] = line["args"]["name"]
+        elif line["ph"] == "X" and line["ts"] is not None and line["dur"] >= 0:
+            names.append(line["name"])
+            phases.append(phase_of.get(line["pid"]))
+    return names, phases
+
+
+def _first_use(values: list) -> list:
+    return list(dict.fromkeys(v for v in values if v is not None))
+
+
+@pytest.mark.parametrize("bad_first", [True, False])
+@pytest.mark.parametrize("redefined", [True, False])
+def test_each_event_takes_its_pids_latest_phase_and_the_dictionaries_are_in_order_of_first_use(bad_first, redefined):
+    # bad_first and not redefined: every row not kept comes first (the usual file, kept by a slice).
+    start = {"name": "process_name", "ph": "M", "pid": 0, "args": {fmt_start(): START}}
+    events = [
+        _event("Step:ModeKeys.TRAIN", 3, 100, step_num="1"),  # pid 3 first: its phase is the first used
+        _event("GetNext", 2, 200, worker_id=0),
+        _event("orphan", 9, 250),  # a pid never defined: no phase
+        *([_define(2, "DataLoaderIterInitialize")] if redefined else []),  # pid 2's phase from here on
+        _event("GetNext", 2, 300, worker_id=1),
+        _event("GetNext", 3, 400),
+    ]
+    bad = [_event("broken", 2, None), _event("negative", 3, 500, dur=-1)]
+    head = [start, _define(2, "DataLoaderIter"), _define(3, "Step:ModeKeys.TRAIN")]
+    lines = head + (bad + events if bad_first else events[:2] + bad[:1] + events[2:] + bad[1:])
+    parsed = parse_trace_file(_file(lines), "77-algo-1")
+    assert parsed.lines_skipped == 2
+    table = parsed.table
+    names, phases = _expected(lines)
+    assert table.column("name").to_pylist() == names == ["Step:ModeKeys.TRAIN", "GetNext", "orphan", "GetNext",
+                                                         "GetNext"]
+    assert table.column("phase").to_pylist() == phases
+    assert phases[3] == ("DataLoaderIterInitialize" if redefined else "DataLoaderIter") and phases[2] is None
+    assert table.column("phase").chunk(0).dictionary.to_pylist() == _first_use(phases)
+    assert table.column("name").chunk(0).dictionary.to_pylist() == _first_use(names)
+    assert table.column("start_us").to_pylist() == [START + t for t in (100, 200, 250, 300, 400)]
+    assert table.column("end_us").to_pylist() == [START + t + 10 for t in (100, 200, 250, 300, 400)]
+    assert table.column("worker_id").to_pylist() == [None, 0, None, 1, None]
+    assert table.column("step").to_pylist() == [1, None, None, None, None]
+
+
+def test_times_are_rounded_half_to_even_as_the_canonical_rows_are():
+    lines = [{"name": "process_name", "ph": "M", "pid": 0, "args": {fmt_start(): START}},
+             _event("a", 1, 0.5, dur=1.5), _event("b", 1, 1.5, dur=2.5), _event("c", 1, 2.4, dur=0.6)]
+    table = parse_trace_file(_file(lines), "77-algo-1").table
+    assert table.column("start_us").to_pylist() == [START, START + 2, START + 2]
+    assert table.column("end_us").to_pylist() == [START + 2, START + 4, START + 3]
+
+
+def fmt_start() -> str:
+    from dashboard import format as fmt
+
+    return fmt.ARG_START_TIME
