@@ -31,6 +31,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from stats import spread  # noqa: E402  (bench/, the script's own folder)
+from trials import trial_of_size  # noqa: E402
 
 MODES = ("serial", "threads", "fork", "forkserver", "spawn")
 WORKER_MODES = ("workers-handover", "workers-pipe")
@@ -125,14 +126,7 @@ def main() -> int:
         print(json.dumps(decoders(folder) if what == "decoders" else
                          {"wall_s": (workers if what in WORKER_MODES else parallel)(folder, what)}))
         return 0
-    if args.size == "300000":
-        from load_trial import make_trial
-
-        folder = make_trial(300_000)
-    else:
-        from diagnosis import make_trial
-
-        folder = make_trial(args.size)
+    folder = trial_of_size(args.size)
     runs: dict[str, list] = {}
     for _ in range(args.runs):
         for what in ("decoders",) + MODES + WORKER_MODES:

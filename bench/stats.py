@@ -36,3 +36,27 @@ def child_runs(script: str, folder: str, runs: int) -> list[dict]:
         done = subprocess.run([sys.executable, script, "--child", folder], capture_output=True, text=True, check=True)
         out.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return out
+
+
+def shared_memory_mb() -> float:
+    """The machine's shared memory now (/proc/meminfo Shmem), in MB."""
+    with open("/proc/meminfo") as lines:
+        return next(int(line.split()[1]) / 1024 for line in lines if line.startswith("Shmem:"))
+
+
+def run_watching_shared_memory(command: list[str], every_s: float = 0.005) -> float:
+    """Runs the command (its output dropped; CalledProcessError when it fails) and returns the
+    most shared memory it held at once, in MB, above the machine's at its start: what a forked
+    load's workers hand over (dashboard/trial/table_handover.py), memory the process's peak
+    RSS does not count until it touches it. Sampled: a moment shorter than every_s may be missed."""
+    import subprocess
+    import time
+
+    base = peak = shared_memory_mb()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    while process.poll() is None:
+        peak = max(peak, shared_memory_mb())
+        time.sleep(every_s)
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command)
+    return peak - base

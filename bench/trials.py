@@ -25,3 +25,15 @@ def cached_trial(name: str, writer: str = "write_trial", **write_options) -> str
         with open(marker, "w") as out:
             out.write(version)
     return folder
+
+
+def trial_of_size(size: str) -> str:
+    """The benchmarks' trial of that many GetNexts: bench/load_trial.py's 300k one (4 workers,
+    pin_memory, no tail), or bench/diagnosis.py's (1 % slow batches) for any other size."""
+    if size == "300000":
+        from load_trial import make_trial
+
+        return make_trial(300_000)
+    from diagnosis import make_trial
+
+    return make_trial(size)
