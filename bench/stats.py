@@ -44,19 +44,34 @@ def shared_memory_mb() -> float:
         return next(int(line.split()[1]) / 1024 for line in lines if line.startswith("Shmem:"))
 
 
-def run_watching_shared_memory(command: list[str], every_s: float = 0.005) -> float:
-    """Runs the command (its output dropped; CalledProcessError when it fails) and returns the
-    most shared memory it held at once, in MB, above the machine's at its start: what a forked
-    load's workers hand over (dashboard/trial/table_handover.py), memory the process's peak
-    RSS does not count until it touches it. Sampled: a moment shorter than every_s may be missed."""
+def _unshared_rss_mb(pid: int) -> float:
+    """A process's resident memory but its shared memory pages (RSS - RssShmem), in MB; 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/status") as lines:
+            found = {line.split(":")[0]: int(line.split()[1]) for line in lines
+                     if line.startswith(("VmRSS", "RssShmem"))}
+    except OSError:
+        return 0.0
+    return (found.get("VmRSS", 0) - found.get("RssShmem", 0)) / 1024
+
+
+def run_watching_shared_memory(command: list[str], every_s: float = 0.005) -> tuple[float, float]:
+    """Runs the command (its output dropped; CalledProcessError when it fails) and returns (the
+    most shared memory it held at once above the machine's at its start; the most its process
+    held with that shared memory at once), in MB. A forked load's workers hand their tables over
+    in shared memory (dashboard/trial/table_handover.py), which the process's RSS counts only
+    once it touches them: the second is the process's peak memory with them. Sampled: a moment
+    shorter than every_s may be missed."""
     import subprocess
     import time
 
-    base = peak = shared_memory_mb()
+    base = shared_memory_mb()
+    shared = together = 0.0
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     while process.poll() is None:
-        peak = max(peak, shared_memory_mb())
+        held = shared_memory_mb() - base
+        shared, together = max(shared, held), max(together, held + _unshared_rss_mb(process.pid))
         time.sleep(every_s)
     if process.returncode:
         raise subprocess.CalledProcessError(process.returncode, command)
-    return peak - base
+    return shared, together

@@ -725,8 +725,9 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
             and total_bytes >= PROCESS_PARSE_MIN_BYTES and ForkedWorkers.usable()):
         parsers = ForkedWorkers(min(processes, len(jobs)))
         # Two waiting on each process, so that each has the next file while its last one's
-        # result comes back (bench/parse_speed.py's workers: 4 threads for 2 processes, the 300k
-        # trial 0.54 s against 0.64 s with 2; the 3M one 6.2-6.4 s against 6.4-6.8 s).
+        # result comes back (the 300k trial's load, 5 runs each, alternated: 0.61-0.64 s against
+        # 0.67-0.70 s with one; a reopen of the 3M trial from the columnar cache, whose files
+        # these threads map, 1.4-2.6 s either way: that load's time is bimodal on this host).
         threads = max(threads, 2 * processes)
     try:
         return _load(path, store, files, jobs, report, guard_limits=(max_bytes, max_events), threads=threads,
