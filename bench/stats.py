@@ -57,11 +57,13 @@ def _unshared_rss_mb(pid: int) -> float:
 
 def run_watching_shared_memory(command: list[str], every_s: float = 0.005) -> tuple[float, float]:
     """Runs the command (its output dropped; CalledProcessError when it fails) and returns (the
-    most shared memory it held at once above the machine's at its start; the most its process
-    held with that shared memory at once), in MB. A forked load's workers hand their tables over
-    in shared memory (dashboard/trial/table_handover.py), which the process's RSS counts only
-    once it touches them: the second is the process's peak memory with them. Sampled: a moment
-    shorter than every_s may be missed."""
+    most shared memory the machine held at once above what it held at the start; the most the
+    command's process held with that shared memory at once), in MB. A forked load's workers hand
+    their tables over in shared memory (dashboard/trial/table_handover.py), which the process's
+    RSS counts only once it touches them: the second is the process's peak memory with them (the
+    process alone: its workers' own peak is RUSAGE_CHILDREN's). The shared memory is the whole
+    machine's: run nothing else that uses /dev/shm meanwhile. Sampled: a moment shorter than
+    every_s may be missed."""
     import subprocess
     import time
 

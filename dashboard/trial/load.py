@@ -510,17 +510,19 @@ class ForkedWorkers:
         """parse_file_of_trial in a worker, its table handed over through shared memory."""
         parsed, name, digest, nbytes = self.submit(_parse_handing_over, self._handover, path, info, kind, node,
                                                    max_bytes).result()
-        if name is not None:
-            try:
-                parsed = dataclasses.replace(parsed, table=self._handover.take(name))
-            except OSError as exc:
-                return _unreadable(exc), None, nbytes
-        return parsed, digest, nbytes
+        if name is None:
+            return parsed, digest, nbytes
+        try:
+            return dataclasses.replace(parsed, table=self._handover.take(name)), digest, nbytes
+        except OSError:  # its file is gone (a cleaner of /dev/shm): parsed again, here
+            return parse_file_of_trial(path, info, kind, node, max_bytes)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._handover is not None:
-            self._handover.close()
+        try:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if self._handover is not None:
+                self._handover.close()
 
 
 def _parse_handing_over(handover: TableHandover | None, path: str, info: FileInfo, kind: str, node: str,
