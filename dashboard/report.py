@@ -24,12 +24,11 @@ def _int(value, default=-1):
 
 
 def _records(frame: pd.DataFrame, spec: dict) -> list[dict]:
-    """frame rows as dicts: spec maps output key -> (column, converter)."""
-    out = []
-    for row in frame.itertuples(index=False):
-        row = row._asdict()
-        out.append({key: conv(row[col]) for key, (col, conv) in spec.items()})
-    return out
+    """frame rows as dicts: spec maps output key -> (column, converter). Converted a column at a
+    time, then zipped into rows: a dict built per row from a named tuple took 0.5 s for the 60,000
+    outliers of a 3M-GetNext trial."""
+    converted = [list(map(conv, frame[column].tolist())) for column, conv in spec.values()]
+    return [dict(zip(spec, row)) for row in zip(*converted)]
 
 
 def _int_or_none(value):

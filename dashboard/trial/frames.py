@@ -292,7 +292,7 @@ def _identity(process: pd.Categorical, rank, local_rank, pid, kind: pd.Categoric
     training-loop events (the reference and the collector name a process by its pid when the job is
     not distributed, by its rank when it is)."""
     names = [str(c) for c in process.categories]
-    codes = process.codes.astype(np.int64)
+    codes = np.asarray(process.codes)  # (as they are: an index of any integer type; -1 the last)
     hosts = sorted({host_of(n) for n in names})
     host_codes = np.array([hosts.index(host_of(n)) for n in names] + [-1], dtype=np.int32)
     node = pd.Categorical.from_codes(host_codes[codes], categories=hosts)
@@ -313,8 +313,9 @@ def _identity(process: pd.Categorical, rank, local_rank, pid, kind: pd.Categoric
                        dtype=np.int64)
     main = known & np.isin(np.asarray(kind.codes), [fmt.KINDS.index(k) for k in _MAIN_KINDS])
     pids = np.asarray(pd.array(pid, dtype="Int64").to_numpy(dtype=np.int64, na_value=-2))
-    has_main = np.bincount(codes[main], minlength=count + 1) > 0
-    named_by_pid = np.bincount(codes[main & (pids == numbers[codes])], minlength=count + 1) > 0
+    main_codes = codes[main]  # (the main rows alone from here: their codes and pids)
+    has_main = np.bincount(main_codes, minlength=count + 1) > 0
+    named_by_pid = np.bincount(main_codes[pids[main] == numbers[main_codes]], minlength=count + 1) > 0
     inferred = np.where(has_main & ~named_by_pid & (numbers >= 0), numbers.astype(np.float64), np.nan)
     by_process = np.where(np.isnan(explicit), inferred, explicit)[:count + 1]
     by_process[count] = np.nan  # code -1: no process
