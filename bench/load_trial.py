@@ -120,8 +120,9 @@ def cli_child(folder: str, cache_dir: str | None = None) -> None:
     worker processes, the four analyses, verdict and findings): its wall time, and the peak
     RSS of the largest process of it (RUSAGE_CHILDREN: this process has no other child)."""
     t0 = time.perf_counter()
-    shared, together = run_watching_shared_memory([sys.executable, os.path.join(os.path.dirname(HERE), "app.py"), "analyze",
-                                         folder, "--json", *(["--cache-dir", cache_dir] if cache_dir else [])])
+    app = os.path.join(os.path.dirname(HERE), "app.py")
+    shared, together = run_watching_shared_memory([sys.executable, app, "analyze", folder, "--json",
+                                                   *(["--cache-dir", cache_dir] if cache_dir else [])])
     print(json.dumps({"wall_s": time.perf_counter() - t0, "shared_mb": shared, "with_shared_mb": together,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 

@@ -337,10 +337,11 @@ def name_time_us(key: str, kind: str) -> int | None:
 _PARSE_SLOTS = threading.BoundedSemaphore(os.cpu_count() or 2)
 _PARSERS = {FRAMEWORK: parse_trace_file, SYSTEM: parse_system_file}
 # A reference-format parse holds the GIL while msgspec builds its structs, so the reading threads
-# decode one file at a time. A pool of processes was measured and left out (bench/parse_speed.py):
-# forkserver and spawn workers re-run the caller's main module (a script without a __main__ guard
-# fails) and import the parser, about 0.5 s each, more than two cores save on a 300k trial; fork
-# is unsafe in a process whose other threads hold locks (a server's requests).
+# decode one file at a time. Other cores parse only in forked processes (ForkedWorkers, where
+# usable): forkserver and spawn workers re-run the caller's main module (a script without a
+# __main__ guard fails) and import the parser, about 0.5 s each, more than two cores save on a
+# 300k trial (bench/parse_speed.py); fork is unsafe in a process whose other threads hold locks
+# (a server's requests), so a threaded server parses in its own process.
 
 
 class _LoadGuard:
