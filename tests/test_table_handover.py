@@ -139,6 +139,23 @@ def _kept_here(trial: str) -> dict:
     return json.loads(json.dumps(kept(load_trial(trial))))
 
 
+def _what_it_kept(found: dict) -> dict:
+    """A forked load's JSON without what the probe adds of its own (how the tables came)."""
+    return {key: value for key, value in found.items() if key not in ("taken", "folders", "left")}
+
+
+def _small_trial_forked(tmp_path, before: str) -> tuple[dict, dict]:
+    """(the forked load's JSON, what a load in this process keeps) of a small trial, the probe's
+    code `before` run ahead of the load."""
+    from dashboard.synthetic import write_trial
+
+    trial = tmp_path / "trial"
+    write_trial(str(trial), epochs=1, train_batches=3000, val_batches=0, num_workers=2, rotate_s=5)
+    shared = tmp_path / "shm"
+    shared.mkdir()
+    return _forked_load(str(trial), str(shared), before=before), _kept_here(str(trial))
+
+
 def _forked_load(trial: str, shared: str, before: str = "") -> dict:
     out = subprocess.run([sys.executable, "-c", FORKED_LOAD.format(root=ROOT, shared=shared, trial=trial,
                                                                   before=before)],
@@ -161,18 +178,12 @@ def test_a_forked_load_takes_its_tables_through_shared_memory_and_keeps_what_one
     through_pipe = _forked_load(str(trial), str(tmp_path / "none"))  # no such folder: pickled
     assert through_pipe["taken"] == 0 and through_pipe["folders"] == [None]
     for found in (through_shared, through_pipe):
-        assert {k: v for k, v in found.items() if k not in ("taken", "folders", "left")} == here
+        assert _what_it_kept(found) == here
 
 
 def test_a_forked_load_whose_handover_folder_vanishes_takes_its_tables_through_the_pipe(tmp_path):
     """Each worker that cannot write its table (the folder is gone: a cleaner, a full memory file
     system) sends it pickled: the load loses nothing."""
-    from dashboard.synthetic import write_trial
-
-    trial = tmp_path / "trial"
-    write_trial(str(trial), epochs=1, train_batches=3000, val_batches=0, num_workers=2, rotate_s=5)
-    shared = tmp_path / "shm"
-    shared.mkdir()
     vanishing = textwrap.dedent("""
         import shutil
         workers_init = load.ForkedWorkers.__init__
@@ -183,20 +194,14 @@ def test_a_forked_load_whose_handover_folder_vanishes_takes_its_tables_through_t
 
         load.ForkedWorkers.__init__ = vanished
     """)
-    found = _forked_load(str(trial), str(shared), before=vanishing)
+    found, here = _small_trial_forked(tmp_path, vanishing)
     assert found["taken"] == 0 and found["folders"] != [None]
-    assert {k: v for k, v in found.items() if k not in ("taken", "folders", "left")} == _kept_here(str(trial))
+    assert _what_it_kept(found) == here
 
 
 def test_a_table_whose_handover_file_is_gone_before_its_parent_takes_it_is_parsed_again_there(tmp_path):
     """A file removed between the worker's put and the parent's take (a cleaner of /dev/shm):
     the parent reads and parses that trial file itself, and the load loses nothing."""
-    from dashboard.synthetic import write_trial
-
-    trial = tmp_path / "trial"
-    write_trial(str(trial), epochs=1, train_batches=3000, val_batches=0, num_workers=2, rotate_s=5)
-    shared = tmp_path / "shm"
-    shared.mkdir()
     cleaner = textwrap.dedent("""
         import os
         counted_take = table_handover.TableHandover.take
@@ -207,6 +212,6 @@ def test_a_table_whose_handover_file_is_gone_before_its_parent_takes_it_is_parse
 
         table_handover.TableHandover.take = cleaned_first
     """)
-    found = _forked_load(str(trial), str(shared), before=cleaner)
+    found, here = _small_trial_forked(tmp_path, cleaner)
     assert found["taken"] > 4  # (every file's take failed, each parsed again)
-    assert {k: v for k, v in found.items() if k not in ("taken", "folders", "left")} == _kept_here(str(trial))
+    assert _what_it_kept(found) == here
