@@ -457,14 +457,15 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
             return entry.parsed, entry.digest, None, entry.nbytes
         if cluster is None:
             parsed, digest, nbytes = _read_and_parse(store, info, kind, node, guard)
-        elif isinstance(cluster, ForkedWorkers):
-            parsed, digest, nbytes = cluster.parse(store.canonical_path, info, kind, node, guard.max_bytes)
-            guard.add_bytes(nbytes)
         else:
             # The worker opens the trial itself (S3: its own credential chain) and counts the file
-            # against max_bytes as it decompresses; the whole trial's count is kept here.
-            parsed, digest, nbytes = cluster.submit(parse_file_of_trial, store.canonical_path, info, kind, node,
-                                                    guard.max_bytes, pure=False).result()
+            # against max_bytes as it decompresses; the whole trial's count is kept here. A forked
+            # worker on this host hands its table over through shared memory (ForkedWorkers.parse).
+            parsed, digest, nbytes = (
+                cluster.parse(store.canonical_path, info, kind, node, guard.max_bytes)
+                if isinstance(cluster, ForkedWorkers) else
+                cluster.submit(parse_file_of_trial, store.canonical_path, info, kind, node, guard.max_bytes,
+                               pure=False).result())
             guard.add_bytes(nbytes)
         if digest is None:
             return parsed, None, None, nbytes
