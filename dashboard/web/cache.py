@@ -36,6 +36,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from typing import Callable, Sequence
 
@@ -79,7 +80,8 @@ class _ForkGuard:
     keeps its locks per process and fork copies them: a child forked while another thread
     of the parent holds a lock on a cache inherits a lock no thread of it will release, and
     can never write that cache (diskcache times out after 60 s; the load's progress and
-    result are lost and the page just stops)."""
+    result are lost and the page just stops). Once none is inside, every ForkSafeCache's
+    connections are closed: the child must not copy an open one either (ForkSafeCache)."""
 
     def __init__(self):
         self._cond = threading.Condition()
@@ -103,12 +105,15 @@ class _ForkGuard:
         self._cond.acquire()  # held through the fork: no thread enters SQLite meanwhile
         while self._inside:
             self._cond.wait()
+        for cache in list(_FORK_SAFE_CACHES):  # none open for the child to copy (ForkSafeCache)
+            cache._close_for_fork()
 
     def _after_in_child(self):
         self._cond, self._inside = threading.Condition(), 0  # the child has only the forking thread
 
 
 FORK_GUARD = _ForkGuard()
+_FORK_SAFE_CACHES: "weakref.WeakSet[ForkSafeCache]" = weakref.WeakSet()
 
 # What the cache leaves free on its disk, of its own values: the background jobs' store (each
 # load's progress and result, Dash's signing secret) is in the same folder, and on a full disk
@@ -187,10 +192,25 @@ class _PrivateDisk(diskcache.Disk):
 
 
 class ForkSafeCache(diskcache.Cache):
-    """A diskcache.Cache that no fork interrupts: every transaction and read is inside the guard.
-    Private to this user: its folder 0700, its files 0600."""
+    """A diskcache.Cache that a fork cannot break: its operations run inside the fork guard, and a
+    fork closes every connection the process has open to it first. Private to this user: its
+    folder 0700, its files 0600.
+
+    SQLite keeps its locks' books per process, and a fork copies them. A connection opened in a
+    forked child to a database that another thread of the parent had open at the fork takes its
+    SHARED lock from the copied books, not from the kernel: the child holds no lock the other
+    processes can see. Another server process closing its connection then finds itself the
+    last, checkpoints and deletes the WAL and its index, and the child writes on into deleted
+    files: a background load's result was lost so, its page told that it "ended without a
+    result" (CI, two gunicorn workers; tests/test_web_units.py reproduces it). With no
+    connection open at a fork, the child's books start empty and its locks are real. (Closing
+    each operation's connection as it ends did that too, but opening one per operation, 50
+    loads at once gave SQLite "disk I/O error"s and busy timeouts.)"""
 
     def __init__(self, directory: str, **settings):
+        self._operations = threading.local()  # per thread: how deep in operations it is
+        self._connections: set[sqlite3.Connection] = set()  # every thread's, for a fork to close
+        self._generation = 0  # how many forks closed them: a thread's older one is closed
         make_private_folder(directory)
         database = os.path.join(directory, diskcache.core.DBNAME)
         # Made here 0600, before SQLite makes it under the umask: SQLite gives its -wal and
@@ -202,19 +222,71 @@ class ForkSafeCache(diskcache.Cache):
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(name).st_mode & 0o077:
                     os.chmod(name, PRIVATE_FILE)
-        super().__init__(directory, disk=_PrivateDisk, **settings)
+        _FORK_SAFE_CACHES.add(self)
+        with self._operation():
+            super().__init__(directory, disk=_PrivateDisk, **settings)
+
+    @contextlib.contextmanager
+    def _operation(self):
+        """One operation, inside the fork guard (operations nest: a transaction's reads and
+        writes, a new connection's settings)."""
+        depth = getattr(self._operations, "depth", 0)
+        with FORK_GUARD.inside():
+            self._operations.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._operations.depth = depth
+
+    @property
+    def _con(self):
+        """The calling thread's connection: diskcache's, made closable by the thread that forks."""
+        # Every statement comes through here: one outside an operation could run while another
+        # thread forks.
+        if not getattr(self._operations, "depth", 0):
+            raise RuntimeError(f"ForkSafeCache: SQLite used outside an operation (in {self.directory})")
+        local = self._local
+        if getattr(local, "generation", None) != (os.getpid(), self._generation):
+            local.__dict__.pop("con", None)  # closed before a fork
+            local.generation, local.pid = (os.getpid(), self._generation), os.getpid()
+        con = getattr(local, "con", None)
+        if con is None:
+            # diskcache's connection and per-connection settings, but usable from the thread
+            # that closes it before a fork (every other thread then waits outside SQLite).
+            con = sqlite3.connect(os.path.join(self.directory, diskcache.core.DBNAME), timeout=self.timeout,
+                                  isolation_level=None, check_same_thread=False)
+            local.con = con
+            self._connections.add(con)
+            try:
+                settings = con.execute("SELECT key, value FROM Settings").fetchall()
+            except sqlite3.OperationalError:
+                pass  # (a new database: diskcache's __init__ makes the table)
+            else:
+                for key, value in settings:
+                    if key.startswith("sqlite_"):
+                        self.reset(key, value, update=False)
+        return con
+
+    def _close_for_fork(self) -> None:
+        """Closes every thread's connection (the fork guard's, before a fork: no thread is inside
+        an operation); each thread opens a new one at its next."""
+        connections, self._connections = self._connections, set()
+        self._generation += 1
+        for con in connections:
+            with contextlib.suppress(sqlite3.Error):
+                con.close()
 
     @contextlib.contextmanager
     def _transact(self, retry=False, filename=None):
-        with FORK_GUARD.inside(), super()._transact(retry, filename) as transaction:
+        with self._operation(), super()._transact(retry, filename) as transaction:
             yield transaction
 
     def get(self, *args, **kwargs):
-        with FORK_GUARD.inside():
+        with self._operation():
             return super().get(*args, **kwargs)
 
     def __contains__(self, key):
-        with FORK_GUARD.inside():
+        with self._operation():
             return super().__contains__(key)
 
     def mark_used(self, keys) -> None:
@@ -233,17 +305,25 @@ class ForkSafeCache(diskcache.Cache):
     def close(self):
         """Closes the calling thread's connection. A thread that used the cache calls it before
         it ends (the server after each request, the job queue's dispatcher before it stops):
-        left to the thread's end, the connection is closed outside the guard."""
+        left to the cache, the connections of ended threads pile up until a fork closes them."""
         with FORK_GUARD.inside():
+            self._connections.discard(getattr(self._local, "con", None))
             super().close()
+
+    def __enter__(self):
+        return self  # (diskcache's opens the connection outside an operation: the first one does)
+
+    def __iter__(self):
+        with self._operation():  # the keys read at once: a generator would run SQL outside an operation
+            return iter(list(super().__iter__()))
 
     # diskcache's reads that run SQL outside a transaction (the culling's size and count).
     def reset(self, *args, **kwargs):
-        with FORK_GUARD.inside():
+        with self._operation():
             return super().reset(*args, **kwargs)
 
     def volume(self):
-        with FORK_GUARD.inside():
+        with self._operation():
             return super().volume()
 
 

@@ -283,8 +283,9 @@ def create_app(options: ServerOptions) -> dash.Dash:
     @app.server.teardown_request
     def close_cache_connections(_error):
         # The development server runs each connection in a thread of its own, which ends with
-        # it: the thread's SQLite connections are closed here, under the fork guard, not by
-        # the thread's end while another thread forks a load (its child then hangs on SQLite's
+        # it: the thread's SQLite connections are closed here, under the fork guard, not left
+        # to the cache (it keeps each until a fork closes them all: ForkSafeCache) nor to the
+        # thread's end while another thread forks a load (its child then hangs on SQLite's
         # memory mutex; see jobs.py's dispatcher). Threads that stay (gunicorn's) reconnect.
         jobs.close()
         trials.disk.close()
