@@ -106,7 +106,10 @@ class _ForkGuard:
         while self._inside:
             self._cond.wait()
         for cache in list(_FORK_SAFE_CACHES):  # none open for the child to copy (ForkSafeCache)
-            cache._close_for_fork()
+            try:
+                cache._close_for_fork()
+            except Exception:  # noqa: BLE001 - the others closed all the same (the fork goes ahead)
+                log.exception("closing the connections of %s before a fork failed", cache.directory)
 
     def _after_in_child(self):
         self._cond, self._inside = threading.Condition(), 0  # the child has only the forking thread
@@ -199,11 +202,12 @@ class ForkSafeCache(diskcache.Cache):
     SQLite keeps its locks' books per process, and a fork copies them. A connection opened in a
     forked child to a database that another thread of the parent had open at the fork takes its
     SHARED lock from the copied books, not from the kernel: the child holds no lock the other
-    processes can see. Another server process closing its connection then finds itself the
-    last, checkpoints and deletes the WAL and its index, and the child writes on into deleted
-    files: a background load's result was lost so, its page told that it "ended without a
-    result" (CI, two gunicorn workers; tests/test_web_units.py reproduces it). With no
-    connection open at a fork, the child's books start empty and its locks are real. (Closing
+    processes can see. The next connection to close elsewhere (the parent's own, after its
+    request, or another server process's, after a poll) then finds itself the last,
+    checkpoints and deletes the WAL and its index, and the child writes on into deleted files: a
+    background load's result was lost so, its page told that it "ended without a result" (CI,
+    two gunicorn workers; tests/test_web_units.py reproduces it). With no connection open at a
+    fork, the child's books start empty and its locks are real. (Closing
     each operation's connection as it ends did that too, but opening one per operation, 50
     loads at once gave SQLite "disk I/O error"s and busy timeouts.)"""
 
@@ -269,7 +273,9 @@ class ForkSafeCache(diskcache.Cache):
 
     def _close_for_fork(self) -> None:
         """Closes every thread's connection (the fork guard's, before a fork: no thread is inside
-        an operation); each thread opens a new one at its next."""
+        an operation); each thread opens a new one at its next. A connection with a statement
+        not yet finished would stay open, its files with it (sqlite3_close_v2): diskcache fetches
+        every statement's rows whole, and no cursor outlives its operation."""
         connections, self._connections = self._connections, set()
         self._generation += 1
         for con in connections:
