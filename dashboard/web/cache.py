@@ -207,9 +207,9 @@ class ForkSafeCache(diskcache.Cache):
     checkpoints and deletes the WAL and its index, and the child writes on into deleted files: a
     background load's result was lost so, its page told that it "ended without a result" (CI,
     two gunicorn workers; tests/test_web_units.py reproduces it). With no connection open at a
-    fork, the child's books start empty and its locks are real. (Closing
-    each operation's connection as it ends did that too, but opening one per operation, 50
-    loads at once gave SQLite "disk I/O error"s and busy timeouts.)"""
+    fork, the child's books start empty and its locks are real. (Closing each operation's
+    connection as it ends did that too, but opening one per operation, 50 loads at once gave
+    SQLite "disk I/O error"s and busy timeouts.)"""
 
     def __init__(self, directory: str, **settings):
         self._operations = threading.local()  # per thread: how deep in operations it is
@@ -250,13 +250,14 @@ class ForkSafeCache(diskcache.Cache):
         if not getattr(self._operations, "depth", 0):
             raise RuntimeError(f"ForkSafeCache: SQLite used outside an operation (in {self.directory})")
         local = self._local
-        if getattr(local, "generation", None) != (os.getpid(), self._generation):
+        if getattr(local, "generation", None) != self._generation:  # (a fork counts it up: parent and child)
             local.__dict__.pop("con", None)  # closed before a fork
-            local.generation, local.pid = (os.getpid(), self._generation), os.getpid()
+            local.generation = self._generation
         con = getattr(local, "con", None)
         if con is None:
-            # diskcache's connection and per-connection settings, but usable from the thread
-            # that closes it before a fork (every other thread then waits outside SQLite).
+            # diskcache's own _con (its connection, its per-connection settings), but usable from
+            # the thread that closes it before a fork (every other thread then waits outside
+            # SQLite): diskcache connects with check_same_thread left on, and has no way to say so.
             con = sqlite3.connect(os.path.join(self.directory, diskcache.core.DBNAME), timeout=self.timeout,
                                   isolation_level=None, check_same_thread=False)
             local.con = con
