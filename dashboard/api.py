@@ -25,10 +25,11 @@ class TrialAnalysis:
     dataloader: DataLoaderAnalysis
     node: str | None = None  # the host or process it is scoped to (None: the job)
     rank: int | None = None
-    # The GetNexts' iterators (analysis.dataloader.getnext_segments), found once with the batch
-    # times' (0.8 s at 3M GetNexts), kept for the assessment until it is computed (then let go:
-    # 48 MB at 3M). An analysis is of the frames as they were when analyze() ran.
-    getnexts: tuple | None = field(default=None, repr=False)
+    # The GetNexts' iterators (analysis.dataloader.call_segments), found once for the batch
+    # times and the assessment (0.6 s at 3M GetNexts), kept for the assessment until it is
+    # computed (then let go: 72 MB at 3M). An analysis is of the frames as they were when
+    # analyze() ran.
+    found: dataloader.CallSegments | None = field(default=None, repr=False)
 
     @property
     def initialization(self):
@@ -50,8 +51,8 @@ class TrialAnalysis:
     def assessment(self) -> diagnosis.Assessment:
         """Input-bound verdict (trial, per host, per process), wait budgets and
         recommendations, computed once."""
-        getnexts, self.getnexts = self.getnexts, None
-        return diagnosis.assess(self.trial.framework, self.trial.system, self.dataloader.outlier_factor, getnexts)
+        found, self.found = self.found, None
+        return diagnosis.assess(self.trial.framework, self.trial.system, self.dataloader.outlier_factor, found)
 
     @property
     def verdict(self) -> diagnosis.Verdict:
@@ -105,13 +106,10 @@ def analyze(trial: Trial | str, *, node: str | None = None, rank: int | None = N
     if isinstance(trial, str):
         trial = load_trial(trial, **load_options)
     part = trial.for_node(node, rank)
-    # (The assessment finds the iterators itself then, and lets them go: 7 MB at 300k GetNexts
-    # less at its peak, for 0.03 s.)
-    assessment = diagnosis.assess(part.framework, part.system, outlier_factor) if assess else None
     found = dataloader.call_segments(part.framework)
+    assessment = diagnosis.assess(part.framework, part.system, outlier_factor, found) if assess else None
     analysis = dataloader.analyze(part.framework, outlier_factor, found)
-    result = TrialAnalysis(trial=part, dataloader=analysis, node=node, rank=rank,
-                           getnexts=None if assess else dataloader.getnext_segments(part.framework, found))
+    result = TrialAnalysis(trial=part, dataloader=analysis, node=node, rank=rank, found=None if assess else found)
     if assessment is not None:
         result.__dict__["assessment"] = assessment  # where the cached_property keeps its value
     return result

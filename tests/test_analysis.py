@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -113,10 +114,11 @@ def test_node_filter(planted, tmp_path):
     assert set(one.trial.system["node"].astype(str)) == {"algo-2"}
 
 
-def _random_framework(seed: int) -> pd.DataFrame:
+def _random_framework(seed: int, one_process: bool = False) -> pd.DataFrame:
     """GetNexts and initializations of two iterator classes on several processes of two
     nodes, with ties in time, missing pids and explicit iterator ids: the cases that decide
-    where an iterator ends."""
+    where an iterator ends. one_process: all on one process and pid (a single-GPU job), whose
+    calls are in the sorts' order already (dataloader.lexsort_or_none leaves them)."""
     import random
 
     rng = random.Random(seed)
@@ -127,8 +129,9 @@ def _random_framework(seed: int) -> pd.DataFrame:
         kind = rng.choice(["getnext"] * 6 + ["init", "other"])
         name = {"getnext": f"{cls}::GetNext", "init": f"{cls}.__init__", "other": "Step:ModeKeys.TRAIN"}[kind]
         start = rng.randint(0, 60) * 1000  # coarse: many equal start times
-        process = rng.choice(["2-algo-2", "1-algo-1"])
-        rows.append({"process": process, "node": process.split("-", 1)[1], "pid": rng.choice([11, 12, None]),
+        process = "1-algo-1" if one_process else rng.choice(["2-algo-2", "1-algo-1"])
+        rows.append({"process": process, "node": process.split("-", 1)[1],
+                     "pid": 11 if one_process else rng.choice([11, 12, None]),
                      "name": name, "kind": kind, "start_us": start, "end_us": start + rng.randint(0, 900),
                      "worker_id": rng.choice([0, 1, None]),
                      "iterator_id": rng.choice([None, None, 1, 2]) if kind == "getnext" else None,
@@ -161,11 +164,12 @@ def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
                   for this, following in zip(calls, calls[1:]) if key(this) == key(following))
 
 
+@pytest.mark.parametrize("one_process", [False, True])
 @pytest.mark.parametrize("seed", range(12))
-def test_batchtime_matches_the_rule_written_out(seed):
+def test_batchtime_matches_the_rule_written_out(seed, one_process):
     from dashboard.analysis.dataloader import analyze_batchtime, iterator_segments
 
-    frame = _random_framework(seed)
+    frame = _random_framework(seed, one_process)
     result = analyze_batchtime(frame)
     got = sorted(zip(result.batches["start_us"], result.batches["end_us"], result.batches["node"].astype(str),
                      result.batches["pid"].fillna(-1).astype(int)))
@@ -213,3 +217,23 @@ def test_an_assessment_computed_first_is_the_one_computed_when_asked(trial, tmp_
     assert json.dumps(first_dict, sort_keys=True) == json.dumps(later_dict, sort_keys=True)
     # The what-if the assessment answers later too, from its own models.
     assert first.what_if({"num_workers": 8}) == later.what_if({"num_workers": 8})
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lexsort_or_none_is_lexsort_and_none_exactly_where_lexsort_moves_nothing(seed):
+    from dashboard.analysis.dataloader import lexsort_or_none
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 60))  # (shuffled rows this many are never in order by chance)
+    keys = [rng.integers(0, 3, size=n) for _ in range(3)]  # few values: many ties
+    if seed % 2:  # in order already, ties included: a stable sort moves nothing
+        keys = [key[np.lexsort(keys)] for key in keys]
+    expected = np.lexsort(keys)
+    got = lexsort_or_none(*keys)
+    if got is None:
+        assert np.array_equal(expected, np.arange(n))
+    else:
+        assert np.array_equal(got, expected) and not np.array_equal(expected, np.arange(n))
+    assert (got is None) == bool(seed % 2)
+    empty = np.zeros(0, dtype=np.int64)
+    assert lexsort_or_none(empty, empty) is None

@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
+from ..dataloader import CallSegments
 from . import findings as finding_modules
 from . import loaders as loaders_module
 from .loaders import ProcessTraining, process_order as _process_order
@@ -117,10 +117,10 @@ def assess_process(process: ProcessTraining) -> ProcessAssessment:
 
 
 def assess_processes(framework: pd.DataFrame, system: pd.DataFrame, processes_per_host: dict[str, int] | None = None,
-                     getnexts: tuple[np.ndarray, np.ndarray] | None = None) -> list[ProcessAssessment]:
+                     found: CallSegments | None = None) -> list[ProcessAssessment]:
     """Each training process's part of the assessment of these frames (all of a trial, or the
     rows of some of its processes, with the whole trial's processes_per_host)."""
-    return [assess_process(p) for p in loaders_module.processes(framework, system, processes_per_host, getnexts)]
+    return [assess_process(p) for p in loaders_module.processes(framework, system, processes_per_host, found)]
 
 
 def combine(parts: list[ProcessAssessment]) -> Assessment:
@@ -140,12 +140,12 @@ def combine(parts: list[ProcessAssessment]) -> Assessment:
 
 
 def assess(framework: pd.DataFrame, system: pd.DataFrame, outlier_factor: float | None = None,
-           getnexts: tuple[np.ndarray, np.ndarray] | None = None) -> Assessment:
+           found: CallSegments | None = None) -> Assessment:
     """The trial's verdict, each host's and process's, the wait budgets and the recommendations.
 
     `outlier_factor` is accepted for the callers' sake; the budget's own rules decide.
-    `getnexts`: the frame's getnext_segments (analysis.dataloader), when already computed."""
-    return combine(assess_processes(framework, system, getnexts=getnexts))
+    `found`: the frame's call_segments (analysis.dataloader), when already computed."""
+    return combine(assess_processes(framework, system, found=found))
 
 
 def _unique(items: list[WhatIf]) -> list[WhatIf]:
