@@ -83,3 +83,36 @@ def fmt_start() -> str:
     from dashboard import format as fmt
 
     return fmt.ARG_START_TIME
+
+
+def _reference_file_lines(extra_last_args: dict) -> list[dict]:
+    """A reference-format file (the arguments its writer gives), the last event with more."""
+    lines = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": START}},
+             _define(1, "DataLoaderIterInitialize"),
+             _event("_MultiProcessingDataLoaderIter.__init__", 1, 0, 400, num_workers=2, pin_memory=True,
+                    step_num="-1"),
+             _define(2, "DataLoaderIter")]
+    lines += [_event("_MultiProcessingDataLoaderIter::GetNext", 2, 500 + 100 * i, 50, worker_id=i % 2,
+                     step_num=str(i)) for i in range(20)]
+    lines[-1]["args"].update(extra_last_args)
+    return lines
+
+
+@pytest.mark.parametrize("extra_last_args", [
+    {},  # the reference's arguments alone
+    {"iterator_id": 7, "in_order": False, "cpu_us": 30, "rank": 3},  # the collector's, in the last event only
+    {"tid": 12, "note": {"nested": [1, 2]}},  # arguments the reader does not read
+])
+def test_the_fast_path_keeps_what_the_line_by_line_path_keeps_whatever_arguments_the_events_carry(extra_last_args):
+    # A line that is not JSON sends the same file down the line-by-line path (orjson, a row at a
+    # time): the rows either path keeps are the same, every argument of the last event with them.
+    lines = _reference_file_lines(extra_last_args)
+    fast = parse_trace_file(_file(lines), "77-algo-1")
+    by_line = parse_trace_file(_file(lines)[:-3] + b',\n{"name": "cut off\n]\n', "77-algo-1")
+    assert (fast.lines_skipped, by_line.lines_skipped) == (0, 1)
+    assert fast.table.equals(by_line.table)
+    last = fast.table.slice(fast.table.num_rows - 1).to_pylist()[0]
+    for key in ("iterator_id", "in_order", "cpu_us", "rank"):
+        assert last[key] == extra_last_args.get(key)
+    assert fast.table.column("num_workers").to_pylist()[0] == 2
+    assert fast.table.column("step").to_pylist()[-1] == 19
