@@ -81,3 +81,45 @@ def test_the_calls_frame_of_a_frame_without_getnexts_is_empty_with_its_columns(t
     found = loaders._calls_frame(none)
     assert found.empty
     assert list(found.columns) == list(calls_frame_by_definition(trial_frame).columns)
+
+
+def _own_steps_by_definition(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> list[int]:
+    """loaders._own_steps written out a call at a time: the step containing the call, for the
+    first call of its pid in that step only, else the first step starting from the call's start
+    and before the pid's next call, else -1."""
+    seen, out = set(), []
+    for call_start, next_start, pid in zip(calls["start_us"], calls["next_start_us"], calls["pid"]):
+        before = max((i for i, s in enumerate(starts) if s <= call_start), default=-1)
+        containing = before >= 0 and ends[before] > call_start
+        after = min((i for i, s in enumerate(starts) if s >= call_start), default=len(starts))
+        following = after < len(starts) and starts[after] < next_start
+        own = before if containing else after if following else -1
+        if containing and (pid, own) in seen:
+            own = -1
+        seen.add((pid, own))
+        out.append(own)
+    return out
+
+
+@pytest.mark.parametrize("in_time_order", [True, False])
+@pytest.mark.parametrize("seed", range(6))
+def test_each_call_feeds_the_step_the_rule_gives(seed, in_time_order):
+    # In time order with one pid, the calls' (pid, step) keys never decrease and _own_steps looks
+    # back instead of hashing; shuffled, with two pids, it hashes: both are the rule.
+    rng = np.random.default_rng(seed)
+    starts = np.sort(rng.choice(np.arange(0, 4000, 10), size=60, replace=False))
+    gaps = np.diff(np.r_[starts, 4000])
+    ends = starts + np.maximum(1, (gaps * rng.uniform(0.2, 1.0, size=len(starts))).astype(int))  # some gaps
+    call_start = np.sort(rng.integers(0, 4000, size=240))  # several calls in most steps
+    pid = np.full(len(call_start), 7) if in_time_order else rng.choice([7, 8], size=len(call_start))
+    next_start = np.r_[call_start[1:], 2**62]
+    calls = pd.DataFrame({"start_us": call_start, "next_start_us": next_start, "pid": pid})
+    if not in_time_order:
+        calls = calls.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+    got = loaders._own_steps(calls, starts, ends)
+    assert got.tolist() == _own_steps_by_definition(calls, starts, ends)
+    # Both outcomes, and steps that contain more than one call of a pid (their later calls: -1).
+    assert (got >= 0).sum() > 10 and (got == -1).sum() > 0
+    contained = [(p, int(np.searchsorted(starts, c, side="right")) - 1) for c, p in zip(calls["start_us"], calls["pid"])
+                 if 0 <= np.searchsorted(starts, c, side="right") - 1 and ends[np.searchsorted(starts, c, side="right") - 1] > c]
+    assert len(contained) > len(set(contained))

@@ -256,7 +256,8 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
         inits_before[order] = in_order
     # The calls alone, by process and time.
     call_rows = np.flatnonzero(calls_first)
-    process, pid, cls, start, inits_before = (a[call_rows] for a in (process, pid, cls, start, inits_before))
+    # (A mask, not call_rows: a gather of 3M of 6M rows five times took 0.2 s.)
+    process, pid, cls, start, inits_before = (a[calls_first] for a in (process, pid, cls, start, inits_before))
     iterator_id = ints_or(framework["iterator_id"].iloc[rows[call_rows]], -1)
     order = lexsort_or_none(start, pid, process)
     new = np.zeros(len(call_rows), dtype=bool)
