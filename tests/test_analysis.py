@@ -117,18 +117,21 @@ def test_node_filter(planted, tmp_path):
 def _random_framework(seed: int, one_process: bool = False) -> pd.DataFrame:
     """GetNexts and initializations of two iterator classes on several processes of two
     nodes, with ties in time, missing pids and explicit iterator ids: the cases that decide
-    where an iterator ends. one_process: all on one process and pid (a single-GPU job), whose
-    calls are in the sorts' order already (dataloader.lexsort_or_none leaves them)."""
+    where an iterator ends. one_process: one process, pid and iterator class at distinct times
+    (a single-GPU job's loader), whose calls and initializations are in the sorts' order
+    already (dataloader.lexsort_or_none leaves them)."""
     import random
 
     rng = random.Random(seed)
-    classes = ["_MultiProcessingDataLoaderIter", "_SingleProcessDataLoaderIter"]
+    classes = ["_MultiProcessingDataLoaderIter"] if one_process else ["_MultiProcessingDataLoaderIter",
+                                                                      "_SingleProcessDataLoaderIter"]
     rows = []
-    for _ in range(rng.randint(50, 400)):
+    for index in range(rng.randint(50, 400)):
         cls = rng.choice(classes)
         kind = rng.choice(["getnext"] * 6 + ["init", "other"])
         name = {"getnext": f"{cls}::GetNext", "init": f"{cls}.__init__", "other": "Step:ModeKeys.TRAIN"}[kind]
-        start = rng.randint(0, 60) * 1000  # coarse: many equal start times
+        # coarse: many equal start times (one process: none)
+        start = index * 1000 + rng.randint(0, 999) if one_process else rng.randint(0, 60) * 1000
         process = "1-algo-1" if one_process else rng.choice(["2-algo-2", "1-algo-1"])
         rows.append({"process": process, "node": process.split("-", 1)[1],
                      "pid": 11 if one_process else rng.choice([11, 12, None]),
@@ -166,10 +169,19 @@ def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
 
 @pytest.mark.parametrize("one_process", [False, True])
 @pytest.mark.parametrize("seed", range(12))
-def test_batchtime_matches_the_rule_written_out(seed, one_process):
+def test_batchtime_matches_the_rule_written_out(seed, one_process, monkeypatch):
+    from dashboard.analysis import dataloader
     from dashboard.analysis.dataloader import analyze_batchtime, iterator_segments
 
     frame = _random_framework(seed, one_process)
+    sorts = []  # (the sorts call_segments and batch_times made: None where rows were in order)
+    lexsort_or_none = dataloader.lexsort_or_none
+
+    def recorded(*keys):
+        sorts.append(lexsort_or_none(*keys))
+        return sorts[-1]
+
+    monkeypatch.setattr(dataloader, "lexsort_or_none", recorded)
     result = analyze_batchtime(frame)
     got = sorted(zip(result.batches["start_us"], result.batches["end_us"], result.batches["node"].astype(str),
                      result.batches["pid"].fillna(-1).astype(int)))
@@ -179,6 +191,8 @@ def test_batchtime_matches_the_rule_written_out(seed, one_process):
     assert (result.batches["batch_time_s"] == (result.batches["end_us"] - result.batches["start_us"]) / 1e6).all()
     segments = iterator_segments(frame)
     assert list(segments.index) == list(frame.index[frame["kind"] == "getnext"])
+    # One process: every sort skipped (the path this case is for); several: sorts made.
+    assert (all(order is None for order in sorts) if one_process else any(order is not None for order in sorts))
 
 
 def test_batchtime_of_a_trial_without_getnext():

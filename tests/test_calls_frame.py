@@ -123,3 +123,19 @@ def test_each_call_feeds_the_step_the_rule_gives(seed, in_time_order):
     contained = [(p, int(np.searchsorted(starts, c, side="right")) - 1) for c, p in zip(calls["start_us"], calls["pid"])
                  if 0 <= np.searchsorted(starts, c, side="right") - 1 and ends[np.searchsorted(starts, c, side="right") - 1] > c]
     assert len(contained) > len(set(contained))
+
+
+def test_calls_without_a_process_and_of_a_process_named_nan_are_one_process_as_the_definition_has_them():
+    # Two codes, one label ("nan"): call_segments keeps them apart (their calls are not in
+    # (label, pid, start) order), so the next call of each is found by sorting them again.
+    names = ["_MultiProcessingDataLoaderIter::GetNext"] * 4
+    framework = pd.DataFrame({
+        "process": pd.Categorical([np.nan, "nan", np.nan, "nan"], categories=["nan"]),
+        "pid": pd.array([5, 5, 5, 5], dtype="Int64"), "name": pd.Categorical(names),
+        "kind": pd.Categorical([fmt.KIND_GETNEXT] * 4), "start_us": [0, 10, 20, 30], "end_us": [5, 15, 25, 35],
+        "duration_us": [5, 5, 5, 5], "worker_id": pd.array([0, 1, 0, 1], dtype="Int64"),
+        "num_workers": pd.array([None] * 4, dtype="Int64"), "iterator_id": pd.array([None] * 4, dtype="Int64")})
+    found = loaders._calls_frame(framework)
+    pd.testing.assert_frame_equal(found, calls_frame_by_definition(framework))
+    # The rows by iterator (0, 2, then 1, 3), each with the next call in time of either code.
+    assert found["next_start_us"].tolist() == [10, 30, 20, 2**62]

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from dashboard.trial import smdebug_format
 from dashboard.trial.smdebug_format import parse_trace_file
 
 START = 1_795_986_600_000_000
@@ -98,6 +99,23 @@ def _reference_file_lines(extra_last_args: dict) -> list[dict]:
     return lines
 
 
+def _decoded_by_the_reference_arguments(data: bytes) -> bool:
+    try:
+        smdebug_format._TRACE_DECODINGS[0].decoder.decode(data)
+    except smdebug_format._REFUSED:
+        return False
+    return True
+
+
+def test_the_files_of_a_reference_trial_take_the_decoding_of_the_reference_arguments(tmp_path):
+    # The benchmarks' trials (dashboard/synthetic.py writes the reference's events) measure it.
+    from dashboard import synthetic
+
+    synthetic.write_trial(str(tmp_path), epochs=2, train_batches=30, pin_memory=True, system=False)
+    files = sorted(tmp_path.glob("framework/**/*.json"))
+    assert files and all(_decoded_by_the_reference_arguments(f.read_bytes()) for f in files)
+
+
 @pytest.mark.parametrize("extra_last_args", [
     {},  # the reference's arguments alone
     {"iterator_id": 7, "in_order": False, "cpu_us": 30, "rank": 3},  # the collector's, in the last event only
@@ -107,6 +125,8 @@ def test_the_fast_path_keeps_what_the_line_by_line_path_keeps_whatever_arguments
     # A line that is not JSON sends the same file down the line-by-line path (orjson, a row at a
     # time): the rows either path keeps are the same, every argument of the last event with them.
     lines = _reference_file_lines(extra_last_args)
+    # (A file of the reference's arguments alone is what the first, cheaper decoding is for.)
+    assert _decoded_by_the_reference_arguments(_file(lines)) == (not extra_last_args)
     fast = parse_trace_file(_file(lines), "77-algo-1")
     by_line = parse_trace_file(_file(lines)[:-3] + b',\n{"name": "cut off\n]\n', "77-algo-1")
     assert (fast.lines_skipped, by_line.lines_skipped) == (0, 1)
