@@ -136,3 +136,15 @@ def test_the_fast_path_keeps_what_the_line_by_line_path_keeps_whatever_arguments
         assert last[key] == extra_last_args.get(key)
     assert fast.table.column("num_workers").to_pylist()[0] == 2
     assert fast.table.column("step").to_pylist()[-1] == 19
+
+
+def test_a_file_the_first_decoding_refuses_for_any_reason_is_decoded_with_every_argument():
+    # A key that is not UTF-8 makes the decoding that forbids unknown arguments refuse the file
+    # as not JSON (it reads the key to name it); the decoding of every argument skips it as an
+    # argument it does not read, and keeps the event, as the reader did before that decoding.
+    lines = _reference_file_lines({})
+    data = _file(lines).replace(b'"step_num": "3"', b'"step_n\xffum": "3"')
+    assert not _decoded_by_the_reference_arguments(data)
+    parsed = parse_trace_file(data, "77-algo-1")
+    assert (parsed.lines_skipped, parsed.problems) == (0, [])
+    assert parsed.table.column("step").to_pylist() == [-1, 0, 1, 2, None] + list(range(4, 20))
