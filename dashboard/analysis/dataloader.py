@@ -232,6 +232,11 @@ def lexsort_or_none(*keys: np.ndarray) -> np.ndarray | None:
     return None
 
 
+def ordered_by(order: np.ndarray | None, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The arrays in lexsort_or_none's order (as they are where it gave None)."""
+    return arrays if order is None else tuple(array[order] for array in arrays)
+
+
 def call_segments(framework: pd.DataFrame) -> CallSegments:
     # Numpy over the few columns needed, not pandas group-bys over copied frames: this runs
     # on every GetNext of a trial (300k+), and its temporary frames once set the peak memory.
@@ -247,8 +252,7 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
     # Initializations of the call's class on the call's process that started before it (or
     # at the same time): a change in that count starts a new iterator.
     order = lexsort_or_none(calls_first, start, cls, pid, process)
-    keys = (process, pid, cls, ~calls_first)
-    process_in, pid_in, cls_in, init_in = keys if order is None else (key[order] for key in keys)
+    process_in, pid_in, cls_in, init_in = ordered_by(order, process, pid, cls, ~calls_first)
     same_group = np.zeros(len(rows), dtype=bool)
     same_group[1:] = ((process_in[1:] == process_in[:-1]) & (pid_in[1:] == pid_in[:-1])
                       & (cls_in[1:] == cls_in[:-1]))
@@ -267,12 +271,10 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
     order = lexsort_or_none(start, pid, process)
     new = np.zeros(len(call_rows), dtype=bool)
     new[:1] = True
-    for key in (process, pid, cls, inits_before, iterator_id):
-        ordered = key if order is None else key[order]
-        new[1:] |= ordered[1:] != ordered[:-1]
-    if order is None:
-        return CallSegments(rows=rows[call_rows], segment=np.cumsum(new), start_us=start)
-    return CallSegments(rows=rows[call_rows][order], segment=np.cumsum(new), start_us=start[order])
+    for key in ordered_by(order, process, pid, cls, inits_before, iterator_id):
+        new[1:] |= key[1:] != key[:-1]
+    call_rows, start = ordered_by(order, rows[call_rows], start)
+    return CallSegments(rows=call_rows, segment=np.cumsum(new), start_us=start)
 
 
 def iterator_segments(framework: pd.DataFrame) -> pd.Series:
@@ -320,9 +322,8 @@ def batch_times(framework: pd.DataFrame, found: CallSegments | None = None) -> p
     start = found.start_us[:-1][has_next]
     end = found.start_us[1:][has_next]
     segment = found.segment[:-1][has_next]
-    by_start = lexsort_or_none(start)  # (one process's calls: by start already)
-    if by_start is not None:
-        rows, start, end, segment = rows[by_start], start[by_start], end[by_start], segment[by_start]
+    # (One process's calls: by start already.)
+    rows, start, end, segment = ordered_by(lexsort_or_none(start), rows, start, end, segment)
     batches = pd.DataFrame({
         "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
         **{name: take_column(framework[name].array, rows) for name in ("pid", "node", "rank", "worker_id")},

@@ -32,8 +32,8 @@ import pandas as pd
 from ... import format as fmt
 from ...trial.frames import identity_order, take_column
 from ...trial.load import processes_of
-from ..dataloader import (CallSegments, call_segments, lexsort_or_none, per_category, ints_or, iterator_class, iterator_classes, labels,
-                          loader_name)
+from ..dataloader import (CallSegments, call_segments, ints_or, iterator_class, iterator_classes, labels,
+                          lexsort_or_none, loader_name, ordered_by, per_category)
 
 # Torch's default prefetch_factor with workers (DataLoader.__init__).
 TORCH_DEFAULT_PREFETCH = 2
@@ -303,9 +303,8 @@ def _calls_frame(framework: pd.DataFrame, found: CallSegments | None = None) -> 
     # So a stable sort on the process's label alone gives (label, iterator, start), where
     # sorting the GetNexts' frame order on all three keys took 0.5 s at 3M GetNexts; the
     # processes are most often in label order already (always, with one), and nothing moves.
-    if bool(np.any(process_key[1:] < process_key[:-1])):
-        order = np.argsort(process_key, kind="stable")
-        rows, segment_ids, start, process_key = (a[order] for a in (rows, segment_ids, start, process_key))
+    rows, segment_ids, start, process_key = ordered_by(lexsort_or_none(process_key), rows, segment_ids, start,
+                                                       process_key)
     pid = ints_or(framework["pid"].iloc[rows], -1)
     end = framework["end_us"].to_numpy(dtype=np.int64)[rows]
     # A segment's calls are consecutive here: a segment is of one process, and each process
