@@ -403,6 +403,26 @@ def test_the_frames_columns_are_pyarrows_conversion_of_the_files_tables():
     pd.testing.assert_frame_equal(frame, expected, check_exact=True)
     assert frame["rank"].isna().all() and frame["num_workers"].notna().sum() > 0
 
+    # In a stable sort of a column: written at their places, equal to pandas' stable sort of the
+    # conversion (ties among the start times made on purpose: their tables' order must stay).
+    for table_index, table in enumerate(tables):
+        if table.num_rows:
+            ties = pa.array(rng.integers(0, 4, table.num_rows) * 10**11, pa.int64())
+            tables[table_index] = table.set_column(table.schema.get_field_index("start_us"), "start_us", ties)
+    expected = _pyarrows_conversion(list(tables), FRAMEWORK_ARROW_SCHEMA).astype(
+        {"start_us": "int64", "end_us": "int64"})
+    assert not expected["start_us"].is_monotonic_increasing  # (the rows do move)
+    expected = expected.sort_values("start_us", kind="stable").reset_index(drop=True)
+    sorted_frame = pd.DataFrame(_columns_of(list(tables), FRAMEWORK_ARROW_SCHEMA, never_null=("start_us", "end_us"),
+                                            order_by="start_us"))
+    pd.testing.assert_frame_equal(sorted_frame, expected, check_exact=True)
+    in_order = [tables[1].sort_by("start_us"), tables[4].slice(0, 0)]
+    pd.testing.assert_frame_equal(
+        pd.DataFrame(_columns_of(list(in_order), FRAMEWORK_ARROW_SCHEMA, never_null=("start_us", "end_us"),
+                                 order_by="start_us")),
+        _pyarrows_conversion(list(in_order), FRAMEWORK_ARROW_SCHEMA).astype({"start_us": "int64", "end_us": "int64"}),
+        check_exact=True)
+
     system = [pa.table({"node": ["h1", "h2", "h1"], "timestamp_us": [3, 1, 2], "type": ["cpu", "cpu", "gpu"],
                         "name": ["cpu0", None, "gpu0"], "dimension": ["CPUUtilization"] * 3,
                         "value": [1.5, None, 3.0]}, schema=SYSTEM_ARROW_SCHEMA),

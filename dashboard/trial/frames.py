@@ -90,8 +90,9 @@ class _ColumnBuilder:
         self.valid = None if never_null or self.categorical or self.data.dtype == np.float64 else (
             np.zeros(length, dtype=bool))
 
-    def fill(self, at: int, chunk: pa.Array) -> None:
-        span = slice(at, at + len(chunk))
+    def fill(self, span: slice | np.ndarray, chunk: pa.Array) -> None:
+        """Writes the chunk's values at span: its rows' places in the frame (a slice, or their
+        positions where the frame's order is not the tables')."""
         if self.categorical:
             if not pa.types.is_dictionary(chunk.type):
                 chunk = chunk.dictionary_encode()
@@ -122,15 +123,20 @@ class _ColumnBuilder:
 TRIM_EVERY_BYTES = 8 << 20  # of tables copied into the frame (_columns_of)
 
 
-def _columns_of(tables: list[pa.Table], schema: pa.Schema, never_null: tuple[str, ...] = ()) -> dict:
-    """The columns of per-file tables (of one schema), as the frame holds them (_ColumnBuilder).
+def _columns_of(tables: list[pa.Table], schema: pa.Schema, never_null: tuple[str, ...] = (),
+                order_by: str | None = None) -> dict:
+    """The columns of per-file tables (of one schema), as the frame holds them (_ColumnBuilder),
+    their rows in the tables' order, or in a stable sort of the never-null column `order_by`.
 
     Filled table by table, each table dropped from the list once copied: the memory is the
     frame and one table, not the frame and all the tables (pyarrow's concatenation, dictionary
     unification and pandas conversion held both, and copied each of a 3M-GetNext trial's 587
-    chunks a column into a masked array: 2.1-3.3 s of its warm load, this 0.85 s)."""
+    chunks a column into a masked array: 2.1-3.3 s of its warm load, this 0.85 s). A sorted
+    frame is written in its order at once, each row at its place: copying the columns in the
+    tables' order, then each column again in the sort's, wrote every byte of the frame twice."""
     length = sum(table.num_rows for table in tables)
     builders = [_ColumnBuilder(field, length, field.name in never_null) for field in schema]
+    place = _places_in_order(tables, order_by) if order_by is not None else None
     at = freed = 0
     while tables:
         table = tables.pop(0)
@@ -139,7 +145,8 @@ def _columns_of(tables: list[pa.Table], schema: pa.Schema, never_null: tuple[str
         for builder, column in zip(builders, table.columns):
             offset = at
             for chunk in column.chunks:  # (empty ones too: their dictionaries are categories)
-                builder.fill(offset, chunk)
+                span = slice(offset, offset + len(chunk))
+                builder.fill(span if place is None else place[span], chunk)
                 offset += len(chunk)
         at += table.num_rows
         freed += table.nbytes
@@ -152,6 +159,19 @@ def _columns_of(tables: list[pa.Table], schema: pa.Schema, never_null: tuple[str
             arrow_memory.trim_c_heap()
             freed = 0
     return {builder.name: builder.array() for builder in builders}
+
+
+def _places_in_order(tables: list[pa.Table], key: str) -> np.ndarray | None:
+    """Each row's place (of the tables' rows, one after another) in a stable sort of the key
+    column, or None where they are in that order already."""
+    values = np.concatenate([np.empty(0, dtype=np.int64)] + [chunk.to_numpy() for table in tables
+                                                            for chunk in table.column(key).chunks])
+    if not len(values) or not bool(np.any(values[1:] < values[:-1])):
+        return None
+    order = np.argsort(values, kind="stable")
+    place = np.empty_like(order)
+    place[order] = np.arange(len(order))
+    return place
 
 
 def missing_column(length: int, dtype) -> pd.api.extensions.ExtensionArray:
@@ -244,16 +264,9 @@ def framework_frame(tables: list[pa.Table]) -> pd.DataFrame:
     """One framework frame from per-file Arrow tables, sorted by start time.
 
     Memory matters on large trials: the list is emptied as the tables are converted (the
-    caller holds no other reference to them), and the sort reorders one column at a time
-    instead of copying the whole table.
+    caller holds no other reference to them), and each row is written at its sorted place.
     """
-    # Arrays, not Series: Series.take would also take (copy) the index once per column.
-    columns = _columns_of(tables, FRAMEWORK_ARROW_SCHEMA, never_null=("start_us", "end_us"))
-    start = columns["start_us"]
-    if len(start) and bool(np.any(start[1:] < start[:-1])):
-        order = np.argsort(start, kind="stable")
-        for name, values in columns.items():
-            columns[name] = take_column(values, order)
+    columns = _columns_of(tables, FRAMEWORK_ARROW_SCHEMA, never_null=("start_us", "end_us"), order_by="start_us")
     columns["duration_us"] = columns["end_us"] - columns["start_us"]
     columns["kind"] = _kind_of(pd.Categorical(columns["phase"]), pd.Categorical(columns["name"]))
     columns.update(_identity(pd.Categorical(columns["process"]), columns["rank"], columns["local_rank"],
