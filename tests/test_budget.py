@@ -206,3 +206,28 @@ def test_a_cause_whose_saving_an_earlier_change_claims_is_still_named(monkeypatc
     kept = findings.find(ctx)
     assert [(item.id, item.saving_s) for item in kept] == [("more_workers", 0.9), ("slow_worker", 0.1)]
     assert kept[1].evidence["uncapped_saving_s"] == 0.5
+
+
+def test_a_per_batch_measure_the_trial_lacks_holds_no_memory_and_a_measured_one_is_kept(tmp_path):
+    """Without the collector's fetch events, the model's hand-over and run queue per batch are NaN
+    read from one value (24 MB each at 3M GetNexts otherwise, alive at the assessment's peak);
+    with them, the hand-over is each batch's own: its return after its fetch ended."""
+    from dashboard.analysis.diagnosis import loaders, pipeline
+
+    plant(str(tmp_path / "bare"), batches=30, num_workers=2)
+    plant(str(tmp_path / "fetched"), batches=30, num_workers=2, fetch_us=lambda batch, worker: 4_000,
+          fetch_ready_us=300)
+    for name in ("bare", "fetched"):
+        trial = dashboard.load_trial(str(tmp_path / name))
+        (process,) = loaders.processes(trial.framework, trial.system)
+        (loader,) = process.loaders
+        model = pipeline.build(loader, process)
+        n = len(loader.calls)
+        assert n == 30 and len(model.runq_us) == n and len(model.handover_us) == n, name
+        assert np.isnan(model.runq_us).all() and model.runq_us.strides == (0,), name  # (no run queue recorded)
+        if name == "bare":
+            assert np.isnan(model.handover_us).all() and model.handover_us.strides == (0,)
+            assert not model.service_measured
+        else:
+            assert model.service_measured and model.handover_us.strides == (8,)
+            assert model.handover_us == pytest.approx(np.full(n, 300.0))  # each batch's, as planted
