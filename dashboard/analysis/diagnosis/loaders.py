@@ -39,6 +39,11 @@ from ..dataloader import (CallSegments, call_segments, ints_or, iterator_class, 
 TORCH_DEFAULT_PREFETCH = 2
 _EVAL_RE = re.compile(r"EVAL|PREDICT", re.IGNORECASE)
 _FAR = 2**62  # "no next GetNext"
+# The calls frame's columns read only while the processes and their loaders are found (each
+# call's process label, iterator class, recorded workers and next start): the frames the
+# processes and loaders keep leave them out (4 x 24 MB at 3M GetNexts, alive through the
+# assessment otherwise).
+_FINDING_ONLY = ["process", "cls", "num_workers", "next_start_us"]
 
 
 @dataclass
@@ -414,7 +419,7 @@ def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: n
             pin_memory=_optional(first["pin_memory"], bool), persistent=persistent,
             persistent_recorded=recorded is not None, prefetch_factor=prefetch,
             in_order=True if in_order is None else in_order,
-            calls=group.drop(columns=["loader"]),
+            calls=group.drop(columns=["loader", *_FINDING_ONLY]),
             seen_from_start=seen_from_start & frozenset(mine["segment"].tolist())))
     out.sort(key=lambda loader: -loader.wait_us)
     return out
@@ -533,7 +538,8 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame, processes_per_host:
         fetches = process_fw[(process_fw["kind"] == fmt.KIND_FETCH).to_numpy()][
             ["start_us", "end_us", "duration_us", "worker_id", "iterator_id", "cpu_us", "runq_us"]]
         trained = _loaders(process, process_calls, inits, training, _seen_from_start(process_calls, process_fw))
-        out.append(ProcessTraining(process, host, rank, pid, label, span, process_calls, inits, training, windows,
+        out.append(ProcessTraining(process, host, rank, pid, label, span, process_calls.drop(columns=_FINDING_ONLY),
+                                   inits, training, windows,
                            has_steps, steps_matched, estimated, segment_windows, trained, cpu, iowait, cores, gpus,
                            fetches))
     out.sort(key=process_order)
