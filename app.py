@@ -103,9 +103,9 @@ def _analysis(args, whole_job: bool, store, files):
 
         file_cache = ColumnarFileCache(args.cache_dir)
     # assess: the report shows the verdict and budget anyway, and computing them first lowers
-    # the process's peak (see dashboard.analyze).
+    # the process's peak; events=False: it prints no figure (see dashboard.analyze).
     return analyze(args.trial, node=args.node, rank=args.rank, outlier_factor=args.outlier_factor, assess=True,
-                   file_cache=file_cache, dask_client=dask_client, store=store, files=files, **_load_options(args))
+                   events=False, file_cache=file_cache, dask_client=dask_client, store=store, files=files, **_load_options(args))
 
 
 def _write(text: str) -> None:

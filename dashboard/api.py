@@ -94,7 +94,7 @@ class TrialAnalysis:
 
 
 def analyze(trial: Trial | str, *, node: str | None = None, rank: int | None = None,
-            outlier_factor: float = DEFAULT_OUTLIER_FACTOR, assess: bool = False,
+            outlier_factor: float = DEFAULT_OUTLIER_FACTOR, assess: bool = False, events: bool = True,
             **load_options) -> TrialAnalysis:
     """Analyze a trial (a loaded Trial or a path, read with `load_trial(path, **load_options)`),
     or the part of it on one host or process (`node`: a host or a process id) or of one `rank`.
@@ -102,13 +102,16 @@ def analyze(trial: Trial | str, *, node: str | None = None, rank: int | None = N
     assess: compute the assessment (verdict, budget, findings) now, before the panels'
     analyses, for a caller that will ask for it anyway (`app.py analyze`). Its working memory is
     then freed before the analyses hold their copies of the events: the whole `analyze --json`
-    of a 300k-GetNext trial peaked at 320 MB computing it after them, 268 MB before."""
+    of a 300k-GetNext trial peaked at 320 MB computing it after them, 268 MB before.
+    events=False: the panels' frames of every event (`getnext.events`, `batchtime.batches`, ...)
+    come back empty, with their columns, for a caller that reads only their numbers and
+    outliers (`app.py analyze`: 3M GetNexts' copies were 400 MB of its peak)."""
     if isinstance(trial, str):
         trial = load_trial(trial, **load_options)
     part = trial.for_node(node, rank)
     found = dataloader.call_segments(part.framework)
     assessment = diagnosis.assess(part.framework, part.system, outlier_factor, found) if assess else None
-    analysis = dataloader.analyze(part.framework, outlier_factor, found)
+    analysis = dataloader.analyze(part.framework, outlier_factor, found, events)
     result = TrialAnalysis(trial=part, dataloader=analysis, node=node, rank=rank, found=None if assess else found)
     if assessment is not None:
         result.__dict__["assessment"] = assessment  # where the cached_property keeps its value

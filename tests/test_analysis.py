@@ -251,3 +251,47 @@ def test_lexsort_or_none_is_lexsort_and_none_exactly_where_lexsort_moves_nothing
     assert (got is None) == bool(seed % 2)
     empty = np.zeros(0, dtype=np.int64)
     assert lexsort_or_none(empty, empty) is None
+
+
+@pytest.mark.parametrize("case", ["planted", "sample", "zero_median", "no_getnext"])
+def test_the_panels_without_their_events_have_the_same_numbers_and_outliers(case, planted, tmp_path):
+    """events=False (`app.py analyze`, which prints no figure): every count, median, maximum and
+    outlier as with the events, and the events' frames empty with their columns and types."""
+    import os
+
+    from dashboard.analysis import dataloader
+    from dashboard.report import to_dict
+    from tests.conftest import ROOT
+
+    if case in ("planted", "sample"):
+        trial = planted[1].trial if case == "planted" else dashboard.load_trial(
+            os.path.join(ROOT, "examples", "sample-trial", "trial"))
+        frame = trial.framework
+        whole, light = dashboard.analyze(trial), dashboard.analyze(trial, events=False)
+        assert to_dict(whole) == to_dict(light)
+    elif case == "zero_median":  # GetNexts that took no time (a coarse timer): Tukey's far-out outliers
+        write_trial(str(tmp_path), getnext_us=(0, 0), slow_batches={(0, 3): 7_000, (1, 9): 9_000})
+        frame = dashboard.load_trial(str(tmp_path)).framework
+    else:
+        frame = planted[1].trial.framework
+        frame = frame[(frame["kind"] != "getnext").to_numpy()]
+    whole, light = dataloader.analyze(frame), dataloader.analyze(frame, events=False)
+    for name in ("initialization", "workers", "getnext", "batchtime"):
+        full, bare = getattr(whole, name), getattr(light, name)
+        assert (full.count, getattr(full, "median_us", None), getattr(full, "max_us", None)) == (
+            bare.count, getattr(bare, "median_us", None), getattr(bare, "max_us", None)), name
+        pd.testing.assert_frame_equal(full.outliers, bare.outliers, check_exact=True)
+        events = "batches" if name == "batchtime" else "events"
+        kept = getattr(light, name).__dict__[events]
+        expected = getattr(whole, name).__dict__[events]
+        if name == "initialization":  # (a few rows: always kept)
+            pd.testing.assert_frame_equal(kept, expected)
+        else:
+            assert kept.empty and list(kept.columns) == list(expected.columns), name
+            assert list(kept.dtypes) == list(expected.dtypes), name
+    if case == "zero_median":
+        assert whole.getnext.median_us == 0 and sorted(whole.getnext.outliers["duration_us"]) == [7_000, 9_000]
+    if case == "no_getnext":
+        assert whole.getnext.count == 0 and whole.getnext.outliers.empty and whole.batchtime.count == 0
+    else:
+        assert len(whole.getnext.outliers) and len(whole.batchtime.outliers), case

@@ -168,20 +168,30 @@ def analyze_initialization(framework: pd.DataFrame,
         events=inits.reset_index(drop=True), iterators=iterators)
 
 
-def analyze_workers(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR) -> DurationStats:
-    workers = _of_kind(framework, fmt.KIND_WORKER)
-    return DurationStats(
-        count=len(workers), median_us=(median := _median(workers["duration_us"])), max_us=_max(workers["duration_us"]),
-        outliers=outliers(workers, "duration_us", factor, median)[WORKER_OUTLIER_COLUMNS],
-        events=workers.reset_index(drop=True))
+def analyze_workers(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
+                    events: bool = True) -> DurationStats:
+    return _duration_stats(framework, fmt.KIND_WORKER, factor, WORKER_OUTLIER_COLUMNS, events)
 
 
-def analyze_getnext(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR) -> DurationStats:
-    calls = _of_kind(framework, fmt.KIND_GETNEXT)
+def analyze_getnext(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
+                    events: bool = True) -> DurationStats:
+    return _duration_stats(framework, fmt.KIND_GETNEXT, factor, GETNEXT_OUTLIER_COLUMNS, events)
+
+
+def _duration_stats(framework: pd.DataFrame, kind: str, factor: float, outlier_columns: list[str],
+                    events: bool) -> DurationStats:
+    """The durations of the events of a kind: read at their rows, and only the outliers' rows
+    taken whole (all of 3M GetNexts' columns were 255 MB and 0.2 s); every event taken as well
+    where `events` (for figures), else none (their columns alone)."""
+    rows = np.flatnonzero((framework["kind"] == kind).to_numpy())
+    durations = pd.Series(framework["duration_us"].to_numpy()[rows])
+    median = _median(durations)
+    threshold = outlier_threshold(durations, factor, median)
+    above = rows[(durations > threshold).to_numpy()] if threshold is not None else rows[:0]
     return DurationStats(
-        count=len(calls), median_us=(median := _median(calls["duration_us"])), max_us=_max(calls["duration_us"]),
-        outliers=outliers(calls, "duration_us", factor, median)[GETNEXT_OUTLIER_COLUMNS],
-        events=calls.reset_index(drop=True))
+        count=len(rows), median_us=median, max_us=_max(durations),
+        outliers=rows_above(take_rows(framework, above), "duration_us", threshold)[outlier_columns],
+        events=take_rows(framework, rows if events else rows[:0]).reset_index(drop=True))
 
 
 def _codes(values: pd.Series, rows: np.ndarray) -> np.ndarray:
@@ -298,14 +308,19 @@ def getnext_segments(framework: pd.DataFrame, found: CallSegments | None = None)
 
 
 def analyze_batchtime(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
-                      found: CallSegments | None = None) -> BatchTimeResult:
+                      found: CallSegments | None = None, events: bool = True) -> BatchTimeResult:
     """BatchTime_in_seconds: start of the next GetNext minus start of this one, per iterator
-    (see batch_times)."""
-    batches = batch_times(framework, found)
+    (see batch_times). The batches' frame is made for the outliers' rows alone, and for every
+    batch where `events` (for figures), else for none."""
+    batches = _BatchArrays.of(framework, found)
+    seconds = pd.Series(batches.seconds)
+    median = _median(seconds)
+    threshold = outlier_threshold(seconds, factor, median)
+    above = (seconds > threshold).to_numpy() if threshold is not None else np.zeros(len(seconds), dtype=bool)
     return BatchTimeResult(
-        count=len(batches), median_s=(median := _median(batches["batch_time_s"])),
-        outliers=outliers(batches, "batch_time_s", factor, median)[BATCH_OUTLIER_COLUMNS],
-        batches=batches)
+        count=len(seconds), median_s=median,
+        outliers=rows_above(batches.frame(framework, above), "batch_time_s", threshold)[BATCH_OUTLIER_COLUMNS],
+        batches=batches.frame(framework, None if events else np.zeros(len(seconds), dtype=bool)))
 
 
 def batch_times(framework: pd.DataFrame, found: CallSegments | None = None) -> pd.DataFrame:
@@ -315,20 +330,41 @@ def batch_times(framework: pd.DataFrame, found: CallSegments | None = None) -> p
     Each batch is attributed to the interval [this start, next start]: the time the training
     loop spent on this batch, fetch included. The last GetNext of an iterator has none.
     """
-    columns = ["start_us", "end_us", "batch_time_s", "pid", "node", "rank", "worker_id", "segment"]
-    found = found if found is not None else call_segments(framework)
-    has_next = found.segment[1:] == found.segment[:-1]
-    rows = found.rows[:-1][has_next]
-    start = found.start_us[:-1][has_next]
-    end = found.start_us[1:][has_next]
-    segment = found.segment[:-1][has_next]
-    # (One process's calls: by start already.)
-    rows, start, end, segment = ordered_by(lexsort_or_none(start), rows, start, end, segment)
-    batches = pd.DataFrame({
-        "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
-        **{name: take_column(framework[name].array, rows) for name in ("pid", "node", "rank", "worker_id")},
-        "segment": segment}, columns=columns, copy=False)
-    return batches
+    return _BatchArrays.of(framework, found).frame(framework)
+
+
+@dataclass
+class _BatchArrays:
+    """batch_times' rows as arrays: the GetNexts' positions in the frame, their start, the next
+    GetNext's start, their iterator."""
+    rows: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    segment: np.ndarray
+
+    COLUMNS = ["start_us", "end_us", "batch_time_s", "pid", "node", "rank", "worker_id", "segment"]
+
+    @classmethod
+    def of(cls, framework: pd.DataFrame, found: CallSegments | None) -> "_BatchArrays":
+        found = found if found is not None else call_segments(framework)
+        has_next = found.segment[1:] == found.segment[:-1]
+        arrays = (found.rows[:-1][has_next], found.start_us[:-1][has_next], found.start_us[1:][has_next],
+                  found.segment[:-1][has_next])
+        # (One process's calls: by start already.)
+        return cls(*ordered_by(lexsort_or_none(arrays[1]), *arrays))
+
+    @property
+    def seconds(self) -> np.ndarray:
+        return (self.end - self.start) / 1e6
+
+    def frame(self, framework: pd.DataFrame, which: np.ndarray | None = None) -> pd.DataFrame:
+        """The batches' frame, of the batches `which` says (a mask; None: all)."""
+        rows, start, end, segment = (self.rows, self.start, self.end, self.segment) if which is None else (
+            self.rows[which], self.start[which], self.end[which], self.segment[which])
+        return pd.DataFrame({
+            "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
+            **{name: take_column(framework[name].array, rows) for name in ("pid", "node", "rank", "worker_id")},
+            "segment": segment}, columns=self.COLUMNS, copy=False)
 
 
 def _matches_any(values: pd.Series, patterns: Sequence[str]) -> pd.Series:
@@ -382,11 +418,14 @@ def window(framework: pd.DataFrame, system: pd.DataFrame, start_us: int | None, 
 
 
 def analyze(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_FACTOR,
-            found: CallSegments | None = None) -> DataLoaderAnalysis:
-    """The four panels' analyses. `found`: the frame's call_segments, when already computed."""
+            found: CallSegments | None = None, events: bool = True) -> DataLoaderAnalysis:
+    """The four panels' analyses. `found`: the frame's call_segments, when already computed.
+    events=False: the workers', GetNexts' and batches' frames (getnext.events, batchtime.batches,
+    ...) come back empty, with their columns, as the by-rank path returns them: for a caller that
+    reads only the counts, medians and outliers (`app.py analyze`)."""
     return DataLoaderAnalysis(
         initialization=analyze_initialization(framework, factor),
-        workers=analyze_workers(framework, factor),
-        getnext=analyze_getnext(framework, factor),
-        batchtime=analyze_batchtime(framework, factor, found),
+        workers=analyze_workers(framework, factor, events),
+        getnext=analyze_getnext(framework, factor, events),
+        batchtime=analyze_batchtime(framework, factor, found, events),
         outlier_factor=factor)
