@@ -40,10 +40,10 @@ TORCH_DEFAULT_PREFETCH = 2
 _EVAL_RE = re.compile(r"EVAL|PREDICT", re.IGNORECASE)
 _FAR = 2**62  # "no next GetNext"
 # The calls frame's columns read only while the processes and their loaders are found (each
-# call's process label, iterator class, recorded workers and next start): the frames the
-# processes and loaders keep leave them out (4 x 24 MB at 3M GetNexts, alive through the
-# assessment otherwise).
-_FINDING_ONLY = ["process", "cls", "num_workers", "next_start_us"]
+# call's process label, pid, iterator class, recorded workers, next start, and the step it fed):
+# the frames the processes and loaders keep leave them out (24 MB each at 3M GetNexts, alive
+# through the assessment otherwise).
+_FINDING_ONLY = ["process", "pid", "cls", "num_workers", "next_start_us", "own_step", "training"]
 
 
 @dataclass
@@ -108,7 +108,7 @@ class ProcessTraining:
     pid: int
     label: str  # how texts name it: the host, with the rank or pid where the host has several
     span_us: int  # first to last framework event
-    calls: pd.DataFrame  # every GetNext of the process, with segment, index, training
+    calls: pd.DataFrame  # every GetNext of the process, with its segment and index (see Loader.calls)
     inits: pd.DataFrame
     training_segments: np.ndarray
     windows: list[tuple[int, int]]  # merged training windows
