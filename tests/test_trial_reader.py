@@ -423,6 +423,16 @@ def test_the_frames_columns_are_pyarrows_conversion_of_the_files_tables():
         _pyarrows_conversion(list(in_order), FRAMEWORK_ARROW_SCHEMA).astype({"start_us": "int64", "end_us": "int64"}),
         check_exact=True)
 
+    # A table the frame cannot take is refused as such, before any row is placed: a start time
+    # missing, or another schema.
+    broken = tables[1].set_column(tables[1].schema.get_field_index("start_us"), "start_us",
+                                  pa.array([None] + [5] * (tables[1].num_rows - 1), pa.int64()))
+    with pytest.raises(ValueError, match="start_us: a column that is never null has 1 nulls"):
+        _columns_of([tables[3], broken], FRAMEWORK_ARROW_SCHEMA, never_null=("start_us", "end_us"), order_by="start_us")
+    with pytest.raises(ValueError, match="another schema"):
+        _columns_of([tables[3], tables[1].drop_columns(["start_us"])], FRAMEWORK_ARROW_SCHEMA,
+                    never_null=("start_us", "end_us"), order_by="start_us")
+
     system = [pa.table({"node": ["h1", "h2", "h1"], "timestamp_us": [3, 1, 2], "type": ["cpu", "cpu", "gpu"],
                         "name": ["cpu0", None, "gpu0"], "dimension": ["CPUUtilization"] * 3,
                         "value": [1.5, None, 3.0]}, schema=SYSTEM_ARROW_SCHEMA),
