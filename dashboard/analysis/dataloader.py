@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -316,11 +317,11 @@ def analyze_batchtime(framework: pd.DataFrame, factor: float = DEFAULT_OUTLIER_F
     seconds = pd.Series(batches.seconds)
     median = _median(seconds)
     threshold = outlier_threshold(seconds, factor, median)
-    above = (seconds > threshold).to_numpy() if threshold is not None else np.zeros(len(seconds), dtype=bool)
+    above = (seconds > threshold).to_numpy() if threshold is not None else _NO_BATCH
     return BatchTimeResult(
         count=len(seconds), median_s=median,
         outliers=rows_above(batches.frame(framework, above), "batch_time_s", threshold)[BATCH_OUTLIER_COLUMNS],
-        batches=batches.frame(framework, None if events else np.zeros(len(seconds), dtype=bool)))
+        batches=batches.frame(framework, None if events else _NO_BATCH))
 
 
 def batch_times(framework: pd.DataFrame, found: CallSegments | None = None) -> pd.DataFrame:
@@ -331,6 +332,10 @@ def batch_times(framework: pd.DataFrame, found: CallSegments | None = None) -> p
     loop spent on this batch, fetch included. The last GetNext of an iterator has none.
     """
     return _BatchArrays.of(framework, found).frame(framework)
+
+
+# No batch: what _BatchArrays.frame takes for the batches of no outlier, or for none.
+_NO_BATCH = slice(0, 0)
 
 
 @dataclass
@@ -353,16 +358,17 @@ class _BatchArrays:
         # (One process's calls: by start already.)
         return cls(*ordered_by(lexsort_or_none(arrays[1]), *arrays))
 
-    @property
+    @cached_property
     def seconds(self) -> np.ndarray:
         return (self.end - self.start) / 1e6
 
-    def frame(self, framework: pd.DataFrame, which: np.ndarray | None = None) -> pd.DataFrame:
-        """The batches' frame, of the batches `which` says (a mask; None: all)."""
-        rows, start, end, segment = (self.rows, self.start, self.end, self.segment) if which is None else (
-            self.rows[which], self.start[which], self.end[which], self.segment[which])
+    def frame(self, framework: pd.DataFrame, which: np.ndarray | slice | None = None) -> pd.DataFrame:
+        """The batches' frame, of the batches `which` says (a mask or a slice; None: all)."""
+        which = slice(None) if which is None else which
+        rows, start, end, segment, seconds = (self.rows[which], self.start[which], self.end[which],
+                                              self.segment[which], self.seconds[which])
         return pd.DataFrame({
-            "start_us": start, "end_us": end, "batch_time_s": (end - start) / 1e6,
+            "start_us": start, "end_us": end, "batch_time_s": seconds,
             **{name: take_column(framework[name].array, rows) for name in ("pid", "node", "rank", "worker_id")},
             "segment": segment}, columns=self.COLUMNS, copy=False)
 

@@ -331,7 +331,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     startup_compute = _startup_compute(compute, segment, index, recreated) if workers else 0.0
     settings = Settings(workers, loader.prefetch_factor, loader.in_order, persistent)
     matched = _fetch_matches(loader, process.fetches) if workers else None
-    # (service: set by each way below)
+    # (service, each batch's time in a worker: each branch below makes it its own way)
     cpu = runq = handover = _not_measured(n)
     startup = np.zeros((segments, max(workers, 1)))
 
