@@ -163,6 +163,64 @@ def test_damaged_cache_files_are_misses_and_rebuilt(tmp_path):
     assert store.reads == []
 
 
+def test_a_cache_file_leaves_its_columns_of_nulls_out_and_reads_them_back_whole(tmp_path):
+    """A reference trial's settings and measures columns have no value (Arrow would write 8 bytes
+    a row of zeros for each): not written. A file of the layout that wrote them (DLPCOL01), or
+    whose columns left out do not make its schema, is a miss, rebuilt."""
+    import struct
+    import zlib
+
+    import pyarrow as pa
+
+    from dashboard.trial import columnar_cache
+
+    folder, _ = _trial(tmp_path)
+    directory = str(tmp_path / "columns")
+    load_trial(folder, file_cache=ColumnarFileCache(directory))
+    names = _cache_files(directory)
+    header = struct.Struct("<8sIQ")
+
+    def table_of(name: str) -> pa.Table:
+        with open(os.path.join(directory, name), "rb") as handle:
+            return pa.ipc.open_file(pa.py_buffer(handle.read()[header.size:])).read_all()
+
+    framework = [n for n in names if "phase" in table_of(n).schema.names]  # (not the system files')
+    assert len(framework) >= 2 and all({"iterator_id", "cpu_us", "runq_us"}.isdisjoint(table_of(n).schema.names)
+                                       for n in framework)
+    assert all("pid" in table_of(n).schema.names for n in framework)  # (a value: written)
+
+    def rewrite(name: str, magic: bytes, table: pa.Table) -> None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        body = sink.getvalue()
+        with open(os.path.join(directory, name), "wb") as handle:
+            handle.write(header.pack(magic, zlib.crc32(body), body.size) + body.to_pybytes())
+
+    old_layout, inconsistent, not_fixed_width = framework[:3]
+    rewrite(old_layout, b"DLPCOL01", table_of(old_layout))
+    table = table_of(inconsistent)
+    metadata = dict(table.schema.metadata)
+    metadata[b"dashboard.null-columns.left-out"] = b"0"  # one column left out, where several were
+    rewrite(inconsistent, columnar_cache.MAGIC, table.replace_schema_metadata(metadata))
+    # As many left out as there were, one of them the process's (a dictionary: no such array
+    # could be made over zeros, and Arrow would crash reading one).
+    table = table_of(not_fixed_width)
+    metadata = dict(table.schema.metadata)
+    places = metadata[b"dashboard.null-columns.left-out"].split(b",")
+    metadata[b"dashboard.null-columns.left-out"] = b",".join([b"0"] + places[1:])
+    whole = pa.ipc.read_schema(pa.py_buffer(metadata[b"dashboard.null-columns.whole-schema"]))
+    assert pa.types.is_dictionary(whole.field(0).type) and int(places[0]) != 0
+    rewrite(not_fixed_width, columnar_cache.MAGIC, table.replace_schema_metadata(metadata))
+    store = CountingStore(LocalStore(folder))
+    reloaded = load_trial(folder, store=store, file_cache=ColumnarFileCache(directory))
+    assert len(store.reads) == 3  # the three rewritten files: every other one is a hit
+    _same_trial(reloaded, load_trial(folder))
+    store = CountingStore(LocalStore(folder))
+    load_trial(folder, store=store, file_cache=ColumnarFileCache(directory))
+    assert store.reads == []  # rebuilt
+
+
 def test_two_processes_share_one_cache(tmp_path):
     folder, written = _trial(tmp_path)
     directory = str(tmp_path / "columns")

@@ -11,7 +11,7 @@ entry. Each cache file is a small header and an Arrow IPC file:
     MAGIC (8 bytes) | CRC-32 of the rest (4, little-endian) | length of the rest (8) | IPC file
 
 with what the parse reported (lines skipped and why, the content's digest, bytes counted) in
-the IPC schema's metadata. A file whose header, length, checksum, schema or metadata is not
+the IPC schema's metadata, and without the table's columns of nulls alone (null_columns.py). A file whose header, length, checksum, schema or metadata is not
 what this version writes is a miss, removed and rebuilt by the next load: never a wrong answer.
 
 Files are written to a temporary name and renamed into place (a reader sees a whole file or
@@ -33,10 +33,11 @@ import pyarrow as pa
 
 from .frames import FRAMEWORK_ARROW_SCHEMA, SYSTEM_ARROW_SCHEMA
 from .load import ParsedEntry
+from .null_columns import with_null_columns, without_null_columns
 from .private_files import files_by_last_use, make_private_folder, write_whole
 from .smdebug_format import ParsedFile
 
-MAGIC = b"DLPCOL01"  # the layout's version: a file of another layout is a miss
+MAGIC = b"DLPCOL02"  # the layout's version: a file of another layout is a miss
 _HEADER = struct.Struct("<8sIQ")
 SUFFIX = ".arrow"
 _META = b"dashboard.parsed"
@@ -137,7 +138,8 @@ def _encode(entry: ParsedEntry) -> tuple[bytes, pa.Buffer]:
     parsed = entry.parsed
     meta = json.dumps({"digest": entry.digest.hex(), "nbytes": entry.nbytes,
                        "lines_skipped": parsed.lines_skipped, "problems": parsed.problems}).encode()
-    table = parsed.table.replace_schema_metadata({_META: meta})
+    table = without_null_columns(parsed.table)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META: meta})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
@@ -154,7 +156,7 @@ def _decode(buffer: pa.Buffer) -> ParsedEntry | None:
         return None
     table = pa.ipc.open_file(body).read_all()
     meta = json.loads(table.schema.metadata[_META])
-    table = table.replace_schema_metadata(None)
+    table = with_null_columns(table).replace_schema_metadata(None)
     if not any(table.schema.equals(schema) for schema in _SCHEMAS):
         return None  # columns of another version of the frames
     parsed = ParsedFile(table, int(meta["lines_skipped"]), [str(p) for p in meta["problems"]])

@@ -15,10 +15,7 @@ pickled, as before. The parent holds a lock on its folder while it lives (flock:
 lets go of it when the process ends, however it ends); a folder nobody holds, left by a process
 that was killed before it could remove it, is removed by the next handover made there.
 
-A column of nulls alone is not written: most of a reference trial's columns are (the settings and
-measures this project's collector adds), and Arrow gives each 8 bytes a row of zeros, 54 % of a
-3M-GetNext trial's tables. The parent makes it again over zeros that no page holds (an untouched
-private mapping), which no reader of a column of nulls looks at.
+A column of nulls alone is not written (null_columns.py): 54 % of a 3M-GetNext trial's tables.
 """
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there
 
 import contextlib
 import fcntl
-import mmap
 import os
 import shutil
 import stat
@@ -34,6 +30,8 @@ import tempfile
 import uuid
 
 import pyarrow as pa
+
+from .null_columns import with_null_columns, without_null_columns
 
 SHARED_MEMORY_ROOT = "/dev/shm"
 PREFIX = "dashboard-handover-"
@@ -77,7 +75,7 @@ class TableHandover:
         returns the table itself."""
         path = os.path.join(self.folder, uuid.uuid4().hex)
         try:
-            table = _without_null_columns(table)
+            table = without_null_columns(table)
             if shutil.disk_usage(self.folder).free - table.nbytes < KEEP_FREE_BYTES:
                 return None
             with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -94,7 +92,7 @@ class TableHandover:
         path = os.path.join(self.folder, name)
         try:
             with pa.memory_map(path) as mapped:  # (the table's buffers keep the mapping alive)
-                return _with_null_columns(pa.ipc.open_file(mapped).read_all())
+                return with_null_columns(pa.ipc.open_file(mapped).read_all())
         except pa.ArrowInvalid as exc:
             raise OSError(f"a damaged handover file: {exc}") from exc
         finally:
@@ -107,51 +105,6 @@ class TableHandover:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
-
-
-# The metadata keys under which a written table keeps its whole schema and the places in it of
-# the columns of nulls alone that were left out.
-_WHOLE_SCHEMA = b"dashboard.handover.whole-schema"
-_LEFT_OUT = b"dashboard.handover.left-out"
-
-
-def _fixed_width(type_: pa.DataType) -> bool:
-    """A type whose array is a validity bitmap and a buffer of fixed-width values."""
-    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
-
-
-def _without_null_columns(table: pa.Table) -> pa.Table:
-    """The table without its fixed-width columns of nulls alone, its whole schema and their places
-    in its metadata."""
-    left_out = [i for i, (field, column) in enumerate(zip(table.schema, table.columns))
-                if _fixed_width(field.type) and len(column) and column.null_count == len(column)]
-    if not left_out:
-        return table
-    narrow = table.select(sorted(set(range(table.num_columns)) - set(left_out)))
-    return narrow.replace_schema_metadata({**(narrow.schema.metadata or {}),
-                                           _WHOLE_SCHEMA: table.schema.serialize().to_pybytes(),
-                                           _LEFT_OUT: ",".join(map(str, left_out)).encode()})
-
-
-def _with_null_columns(table: pa.Table) -> pa.Table:
-    """The table _without_null_columns wrote, whole again: each column it left out made of nulls
-    over one private mapping of zeros, whose pages cost nothing until read."""
-    metadata = table.schema.metadata or {}
-    if _WHOLE_SCHEMA not in metadata:
-        return table
-    schema = pa.ipc.read_schema(pa.py_buffer(metadata[_WHOLE_SCHEMA]))
-    left_out = {int(i) for i in metadata[_LEFT_OUT].split(b",")}
-    rows = table.num_rows
-    zeros = pa.py_buffer(mmap.mmap(-1, 8 * rows, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
-    bitmap = (rows + 7) // 8
-
-    def nulls(type_: pa.DataType) -> pa.Array:
-        values = bitmap if pa.types.is_boolean(type_) else rows * type_.bit_width // 8
-        return pa.Array.from_buffers(type_, rows, [zeros.slice(0, bitmap), zeros.slice(0, values)], null_count=rows)
-
-    written = iter(table.columns)
-    return pa.Table.from_arrays([nulls(field.type) if i in left_out else next(written)
-                                 for i, field in enumerate(schema)], schema=schema)
 
 
 def _remove_abandoned(root: str) -> None:
