@@ -2,10 +2,11 @@
 
 `app.py analyze --dask-scheduler tcp://HOST:8786`, or DASHBOARD_DASK_SCHEDULER for the server
 (and any load_trial without a client of its own), connect to a scheduler the team runs (or one
-started with `dask scheduler` and `dask worker`). Each file is one task (load.parse_file_of_trial):
+started with `dask scheduler` and `dask worker`). Each file is one task (load.parse_file_for_client):
 the worker opens the trial itself, reads the file (an S3 trial with the worker's own standard
-credential chain; AWS_ENDPOINT_URL_S3 is honoured), parses it, and returns its Arrow table and
-its report; the load keeps its limits, its cache and its report as without a cluster.
+credential chain; AWS_ENDPOINT_URL_S3 is honoured), parses it, and returns its Arrow table (without
+its columns of nulls alone: trial/null_columns.py) and its report; the load keeps its limits, its
+cache and its report as without a cluster.
 
 dask[distributed] is needed in this mode only: `pip install -r requirements-dask.txt`.
 """

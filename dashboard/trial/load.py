@@ -26,6 +26,7 @@ from . import frames
 from .errors import FileOutsideTrialError, NotAFileError, NotATrialError, TrialError, TrialTooLargeError, size_text
 from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
 from .kineto_format import JSON_FILE_RE, NOT_A_TRACE, is_kineto_key, parse_kineto_pieces
+from .null_columns import with_null_columns, without_null_columns
 from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, decompress, duration_text,
                              parse_system_file, parse_trace_file)
 from .store import READ_THREADS, FileInfo, LocalStore, S3Store, Store, fingerprint, open_store
@@ -461,11 +462,13 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
             # The worker opens the trial itself (S3: its own credential chain) and counts the file
             # against max_bytes as it decompresses; the whole trial's count is kept here. A forked
             # worker on this host hands its table over through shared memory (ForkedWorkers.parse).
-            parsed, digest, nbytes = (
-                cluster.parse(store.canonical_path, info, kind, node, guard.max_bytes)
-                if isinstance(cluster, ForkedWorkers) else
-                cluster.submit(parse_file_of_trial, store.canonical_path, info, kind, node, guard.max_bytes,
-                               pure=False).result())
+            if isinstance(cluster, ForkedWorkers):
+                parsed, digest, nbytes = cluster.parse(store.canonical_path, info, kind, node, guard.max_bytes)
+            else:
+                parsed, digest, nbytes = cluster.submit(parse_file_for_client, store.canonical_path, info, kind,
+                                                        node, guard.max_bytes, pure=False).result()
+                if parsed.table is not None:
+                    parsed = dataclasses.replace(parsed, table=with_null_columns(parsed.table))
             guard.add_bytes(nbytes)
         if digest is None:
             return parsed, None, None, nbytes
@@ -541,6 +544,16 @@ def parse_file_of_trial(path: str, info: FileInfo, kind: str, node: str, max_byt
     """Reads and parses one file of the trial at `path` (a store's canonical_path), as a Dask
     task on a worker: (parsed, digest, bytes counted), as _read_and_parse."""
     return _read_and_parse(open_store(path), info, kind, node, _LoadGuard(path, max_bytes, None))
+
+
+def parse_file_for_client(path: str, info: FileInfo, kind: str, node: str, max_bytes: int | None,
+                          ) -> tuple[ParsedFile, bytes | None, int]:
+    """parse_file_of_trial as a Dask task: its table without its columns of nulls alone, which
+    the client makes again (null_columns.py): half of a reference trial's bytes on the wire."""
+    parsed, digest, nbytes = parse_file_of_trial(path, info, kind, node, max_bytes)
+    if parsed.table is not None:
+        parsed = dataclasses.replace(parsed, table=without_null_columns(parsed.table))
+    return parsed, digest, nbytes
 
 
 def _read_and_parse(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
