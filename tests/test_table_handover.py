@@ -160,9 +160,17 @@ FORKED_LOAD = textwrap.dedent("""
 
     table_handover.TableHandover.take = counting_take
     table_handover.TableHandover.create = classmethod(remembered)
+    piped, made_whole = [], load._made_whole  # the columns of each table the pipe carried
+
+    def recording(parsed):
+        if parsed.table is not None:
+            piped.append(parsed.table.schema.names)
+        return made_whole(parsed)
+
+    load._made_whole = recording
     {before}
     trial = load.load_trial({trial!r}, processes=2)
-    print(json.dumps({{"taken": len(taken), "folders": folders,
+    print(json.dumps({{"taken": len(taken), "folders": folders, "piped": piped,
                        "left": [f for f in folders if f is not None and os.path.exists(f)], **kept(trial)}}))
 """)
 
@@ -177,7 +185,7 @@ def _kept_here(trial: str) -> dict:
 
 def _what_it_kept(found: dict) -> dict:
     """A forked load's JSON without what the probe adds of its own (how the tables came)."""
-    return {key: value for key, value in found.items() if key not in ("taken", "folders", "left")}
+    return {key: value for key, value in found.items() if key not in ("taken", "folders", "left", "piped")}
 
 
 def _small_trial_forked(tmp_path, before: str) -> tuple[dict, dict]:
@@ -213,6 +221,11 @@ def test_a_forked_load_takes_its_tables_through_shared_memory_and_keeps_what_one
     assert through_shared["left"] == [] and os.listdir(shared) == []  # its folder went with the load
     through_pipe = _forked_load(str(trial), str(tmp_path / "none"))  # no such folder: pickled
     assert through_pipe["taken"] == 0 and through_pipe["folders"] == [None]
+    assert through_shared["piped"] == [] and len(through_pipe["piped"]) == files_with_rows
+    # The pipe carries a table without its columns of nulls alone too (the reference's files have
+    # no iterator id, nor this project's collector's measures).
+    framework = [names for names in through_pipe["piped"] if "phase" in names]
+    assert framework and all({"iterator_id", "cpu_us", "runq_us"}.isdisjoint(names) for names in framework)
     for found in (through_shared, through_pipe):
         assert _what_it_kept(found) == here
 

@@ -467,8 +467,7 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
             else:
                 parsed, digest, nbytes = cluster.submit(parse_file_for_client, store.canonical_path, info, kind,
                                                         node, guard.max_bytes, pure=False).result()
-                if parsed.table is not None:
-                    parsed = dataclasses.replace(parsed, table=with_null_columns(parsed.table))
+                parsed = _made_whole(parsed)
             guard.add_bytes(nbytes)
         if digest is None:
             return parsed, None, None, nbytes
@@ -516,7 +515,7 @@ class ForkedWorkers:
         parsed, name, digest, nbytes = self.submit(_parse_handing_over, self._handover, path, info, kind, node,
                                                    max_bytes).result()
         if name is None:
-            return parsed, digest, nbytes
+            return _made_whole(parsed), digest, nbytes
         try:
             return dataclasses.replace(parsed, table=self._handover.take(name)), digest, nbytes
         except OSError:  # its file is gone (a cleaner of /dev/shm): parsed again, here
@@ -532,9 +531,9 @@ class ForkedWorkers:
 
 def _parse_handing_over(handover: TableHandover | None, path: str, info: FileInfo, kind: str, node: str,
                         max_bytes: int | None) -> tuple[ParsedFile, str | None, bytes | None, int]:
-    """parse_file_of_trial, in a forked worker: (parsed, name, digest, nbytes), the table left
+    """parse_file_for_client, in a forked worker: (parsed, name, digest, nbytes), the table left
     in the handover under that name (None: it is in parsed, as the pipe then carries it)."""
-    parsed, digest, nbytes = parse_file_of_trial(path, info, kind, node, max_bytes)
+    parsed, digest, nbytes = parse_file_for_client(path, info, kind, node, max_bytes)
     name = handover.put(parsed.table) if handover is not None and parsed.table is not None else None
     return (parsed if name is None else dataclasses.replace(parsed, table=None)), name, digest, nbytes
 
@@ -548,12 +547,18 @@ def parse_file_of_trial(path: str, info: FileInfo, kind: str, node: str, max_byt
 
 def parse_file_for_client(path: str, info: FileInfo, kind: str, node: str, max_bytes: int | None,
                           ) -> tuple[ParsedFile, bytes | None, int]:
-    """parse_file_of_trial as a Dask task: its table without its columns of nulls alone, which
-    the client makes again (null_columns.py): half of a reference trial's bytes on the wire."""
+    """parse_file_of_trial in a worker of another process (a Dask task, a forked worker): its
+    table without its columns of nulls alone, which the client makes again (_made_whole,
+    null_columns.py): half of a reference trial's bytes on the wire."""
     parsed, digest, nbytes = parse_file_of_trial(path, info, kind, node, max_bytes)
     if parsed.table is not None:
         parsed = dataclasses.replace(parsed, table=without_null_columns(parsed.table))
     return parsed, digest, nbytes
+
+
+def _made_whole(parsed: ParsedFile) -> ParsedFile:
+    """A parse_file_for_client's file with its columns of nulls alone again."""
+    return parsed if parsed.table is None else dataclasses.replace(parsed, table=with_null_columns(parsed.table))
 
 
 def _read_and_parse(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
