@@ -11,8 +11,9 @@ entry. Each cache file is a small header and an Arrow IPC file:
     MAGIC (8 bytes) | CRC-32 of the rest (4, little-endian) | length of the rest (8) | IPC file
 
 with what the parse reported (lines skipped and why, the content's digest, bytes counted) in
-the IPC schema's metadata, and without the table's columns of nulls alone (null_columns.py). A file whose header, length, checksum, schema or metadata is not
-what this version writes is a miss, removed and rebuilt by the next load: never a wrong answer.
+the IPC schema's metadata, and without the table's columns of nulls alone (null_columns.py). A
+file whose header, length, checksum, schema or metadata is not what this version writes is a
+miss, removed and rebuilt by the next load: never a wrong answer.
 
 Files are written to a temporary name and renamed into place (a reader sees a whole file or
 none), 0600 in a 0700 folder, and a folder owned by another user is refused.

@@ -54,7 +54,8 @@ def with_null_columns(table: pa.Table) -> pa.Table:
             or not all(_fixed_width(schema.field(i).type) for i in left_out):
         raise ValueError("a table whose columns left out do not make its whole schema")
     rows = table.num_rows
-    zeros = pa.py_buffer(mmap.mmap(-1, 8 * rows, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    # (A page at least: the kernel maps no empty range, and a table of no rows may say it left some out.)
+    zeros = pa.py_buffer(mmap.mmap(-1, max(8 * rows, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
     bitmap = (rows + 7) // 8
 
     def nulls(type_: pa.DataType) -> pa.Array:
