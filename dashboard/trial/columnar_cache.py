@@ -95,7 +95,7 @@ class ColumnarFileCache:
         try:
             entry = _decode(mapped.read_buffer())
         except (pa.ArrowException, ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError,
-                json.JSONDecodeError):
+                json.JSONDecodeError, OSError):
             entry = None
         finally:
             mapped.close()  # the table's buffers keep the mapping alive as long as they need it

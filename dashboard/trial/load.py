@@ -489,7 +489,7 @@ PROCESS_PARSE_MIN_BYTES = 32 << 20
 
 class ForkedWorkers:
     """Worker processes for a command's work: reading and parsing a local trial's files
-    (parse_file_of_trial), or a rank's whole analysis (dashboard/by_rank.py), as a Dask
+    (parse_file_for_client), or a rank's whole analysis (dashboard/by_rank.py), as a Dask
     cluster's workers would do it: work is submitted to either the same way. Forked, so that
     they start in milliseconds with the modules imported, and only from a process that runs no
     other thread (a fork copies the locks other threads hold, and the copy never unlocks):
@@ -511,13 +511,14 @@ class ForkedWorkers:
 
     def parse(self, path: str, info: FileInfo, kind: str, node: str, max_bytes: int | None,
               ) -> tuple[ParsedFile, bytes | None, int]:
-        """parse_file_of_trial in a worker, its table handed over through shared memory."""
+        """parse_file_for_client in a worker, its table handed over through shared memory, made
+        whole here."""
         parsed, name, digest, nbytes = self.submit(_parse_handing_over, self._handover, path, info, kind, node,
                                                    max_bytes).result()
         if name is None:
             return _made_whole(parsed), digest, nbytes
         try:
-            return dataclasses.replace(parsed, table=self._handover.take(name)), digest, nbytes
+            return _made_whole(dataclasses.replace(parsed, table=self._handover.take(name))), digest, nbytes
         except OSError:  # its file is gone (a cleaner of /dev/shm): parsed again, here
             return parse_file_of_trial(path, info, kind, node, max_bytes)
 
@@ -557,7 +558,8 @@ def parse_file_for_client(path: str, info: FileInfo, kind: str, node: str, max_b
 
 
 def _made_whole(parsed: ParsedFile) -> ParsedFile:
-    """A parse_file_for_client's file with its columns of nulls alone again."""
+    """A parse_file_for_client's file with its columns of nulls alone again, whichever way it
+    came (shared memory, a pipe, Dask)."""
     return parsed if parsed.table is None else dataclasses.replace(parsed, table=with_null_columns(parsed.table))
 
 

@@ -2,16 +2,17 @@
 
 Most of a reference trial's framework columns have no value in its files (the settings and
 measures this project's collector adds), and Arrow gives such a column of a fixed-width type 8
-bytes a row of zeros all the same: 54 % of a 3M-GetNext trial's tables. The parse workers'
-tables in shared memory (table_handover.py) and the columnar cache's files (columnar_cache.py)
-leave those columns out; the reader makes each again over zeros that no page holds (an
-untouched private mapping), which no reader of a column of nulls looks at.
+bytes a row of zeros all the same: 54 % of a 3M-GetNext trial's tables. The tables parse workers
+send back (load.parse_file_for_client) and the columnar cache's files (columnar_cache.py)
+leave those columns out; the reader makes each again over zeros that no page holds (a
+mapping never written), which no reader of a column of nulls looks at.
 """
 from __future__ import annotations
 
 from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
 
 import mmap
+import threading
 
 import pyarrow as pa
 
@@ -19,6 +20,24 @@ import pyarrow as pa
 # the columns of nulls alone that were left out.
 _WHOLE_SCHEMA = b"dashboard.null-columns.whole-schema"
 _LEFT_OUT = b"dashboard.null-columns.left-out"
+# One read-only private mapping of zeros under every column made again, grown (doubled) when a
+# table needs more: a mapping per table ran a load of 45,000 files out of the kernel's 65,530
+# mappings a process may hold. Unwritable, its pages cost nothing, not even a commit charge;
+# reading them maps the kernel's one zero page.
+_ZEROS_MIN_BYTES = 16 << 20
+_zeros: pa.Buffer | None = None
+_zeros_lock = threading.Lock()
+
+
+def _zeros_of(size: int) -> pa.Buffer:
+    """A read-only buffer of at least `size` zero bytes."""
+    global _zeros
+    with _zeros_lock:
+        if _zeros is None or _zeros.size < size:
+            length = max(size, 2 * _zeros.size if _zeros is not None else 0, _ZEROS_MIN_BYTES)
+            mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+            _zeros = pa.py_buffer(memoryview(mapping).toreadonly())
+        return _zeros
 
 
 def _fixed_width(type_: pa.DataType) -> bool:
@@ -41,8 +60,8 @@ def without_null_columns(table: pa.Table) -> pa.Table:
 
 def with_null_columns(table: pa.Table) -> pa.Table:
     """The table without_null_columns made, whole again: each column it left out made of nulls
-    over one private mapping of zeros, whose pages cost nothing until read. ValueError (or
-    KeyError, Arrow's errors) where its metadata does not say that of it."""
+    over a mapping of zeros that is never written (_zeros_of). ValueError (or KeyError, Arrow's
+    errors; OSError where no mapping can be made) where its metadata does not say that of it."""
     metadata = table.schema.metadata or {}
     if _WHOLE_SCHEMA not in metadata:
         return table
@@ -54,8 +73,7 @@ def with_null_columns(table: pa.Table) -> pa.Table:
             or not all(_fixed_width(schema.field(i).type) for i in left_out):
         raise ValueError("a table whose columns left out do not make its whole schema")
     rows = table.num_rows
-    # (A page at least: the kernel maps no empty range, and a table of no rows may say it left some out.)
-    zeros = pa.py_buffer(mmap.mmap(-1, max(8 * rows, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    zeros = _zeros_of(8 * rows)
     bitmap = (rows + 7) // 8
 
     def nulls(type_: pa.DataType) -> pa.Array:

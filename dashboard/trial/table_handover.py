@@ -15,7 +15,8 @@ pickled, as before. The parent holds a lock on its folder while it lives (flock:
 lets go of it when the process ends, however it ends); a folder nobody holds, left by a process
 that was killed before it could remove it, is removed by the next handover made there.
 
-A column of nulls alone is not written (null_columns.py): 54 % of a 3M-GetNext trial's tables.
+A parse worker's table comes without its columns of nulls alone (load.parse_file_for_client,
+null_columns.py: 54 % of a 3M-GetNext trial's tables), and the parent makes it whole again.
 """
 from __future__ import annotations
 
@@ -30,8 +31,6 @@ import tempfile
 import uuid
 
 import pyarrow as pa
-
-from .null_columns import with_null_columns, without_null_columns
 
 SHARED_MEMORY_ROOT = "/dev/shm"
 PREFIX = "dashboard-handover-"
@@ -75,7 +74,6 @@ class TableHandover:
         returns the table itself."""
         path = os.path.join(self.folder, uuid.uuid4().hex)
         try:
-            table = without_null_columns(table)
             if shutil.disk_usage(self.folder).free - table.nbytes < KEEP_FREE_BYTES:
                 return None
             with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -92,7 +90,7 @@ class TableHandover:
         path = os.path.join(self.folder, name)
         try:
             with pa.memory_map(path) as mapped:  # (the table's buffers keep the mapping alive)
-                return with_null_columns(pa.ipc.open_file(mapped).read_all())
+                return pa.ipc.open_file(mapped).read_all()
         except pa.ArrowInvalid as exc:
             raise OSError(f"a damaged handover file: {exc}") from exc
         finally:
