@@ -462,12 +462,12 @@ def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadG
             # The worker opens the trial itself (S3: its own credential chain) and counts the file
             # against max_bytes as it decompresses; the whole trial's count is kept here. A forked
             # worker on this host hands its table over through shared memory (ForkedWorkers.parse).
-            if isinstance(cluster, ForkedWorkers):
-                parsed, digest, nbytes = cluster.parse(store.canonical_path, info, kind, node, guard.max_bytes)
-            else:
-                parsed, digest, nbytes = cluster.submit(parse_file_for_client, store.canonical_path, info, kind,
-                                                        node, guard.max_bytes, pure=False).result()
-                parsed = _made_whole(parsed)
+            parsed, digest, nbytes = (
+                cluster.parse(store.canonical_path, info, kind, node, guard.max_bytes)
+                if isinstance(cluster, ForkedWorkers) else
+                cluster.submit(parse_file_for_client, store.canonical_path, info, kind, node, guard.max_bytes,
+                               pure=False).result())
+            parsed = _made_whole(parsed)
             guard.add_bytes(nbytes)
         if digest is None:
             return parsed, None, None, nbytes
@@ -511,14 +511,14 @@ class ForkedWorkers:
 
     def parse(self, path: str, info: FileInfo, kind: str, node: str, max_bytes: int | None,
               ) -> tuple[ParsedFile, bytes | None, int]:
-        """parse_file_for_client in a worker, its table handed over through shared memory, made
-        whole here."""
+        """parse_file_for_client in a worker, its table handed over through shared memory (still
+        without its columns of nulls alone: _made_whole)."""
         parsed, name, digest, nbytes = self.submit(_parse_handing_over, self._handover, path, info, kind, node,
                                                    max_bytes).result()
         if name is None:
-            return _made_whole(parsed), digest, nbytes
+            return parsed, digest, nbytes
         try:
-            return _made_whole(dataclasses.replace(parsed, table=self._handover.take(name))), digest, nbytes
+            return dataclasses.replace(parsed, table=self._handover.take(name)), digest, nbytes
         except OSError:  # its file is gone (a cleaner of /dev/shm): parsed again, here
             return parse_file_of_trial(path, info, kind, node, max_bytes)
 
@@ -559,7 +559,7 @@ def parse_file_for_client(path: str, info: FileInfo, kind: str, node: str, max_b
 
 def _made_whole(parsed: ParsedFile) -> ParsedFile:
     """A parse_file_for_client's file with its columns of nulls alone again, whichever way it
-    came (shared memory, a pipe, Dask)."""
+    came (shared memory, a pipe, Dask; any other file: as it is)."""
     return parsed if parsed.table is None else dataclasses.replace(parsed, table=with_null_columns(parsed.table))
 
 
