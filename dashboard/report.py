@@ -201,6 +201,13 @@ def _where(data: dict, item: dict) -> str:
     return f"{item['node']} " + (f"rank {process['rank']}" if process["rank"] is not None else f"pid {process['pid']}")
 
 
+def no_findings_reason(notes) -> str:
+    """Why a trial has no findings: nothing to change, or what its budgets' notes say the trial
+    does not show (a worker count that a trace neither records nor shows)."""
+    reasons = list(dict.fromkeys(note for note in notes if note))
+    return "; ".join(reasons) if reasons else "nothing to change in the input pipeline"
+
+
 def _budget_lines(data: dict) -> list[str]:
     """Where the wait went, per training loader."""
     lines = []
@@ -242,7 +249,8 @@ def _summary_lines(data: dict, result: TrialAnalysis) -> list[str]:
     lines += _budget_lines(data)
     findings = data["recommendations"]
     lines.append("")
-    lines.append(f"Findings: {len(findings)}" if findings else "Findings: none (nothing to change)")
+    lines.append(f"Findings: {len(findings)}" if findings else
+                 f"Findings: none ({no_findings_reason(item['evidence'].get('note') for item in data['budget'])})")
     for number, item in enumerate(findings, 1):
         saving = "" if item["saving_s"] is None else f" [{saving_text(item['saving_s'])}]"
         lines.append(f"  {number}. ({item['id']}){saving} {item['text']}")

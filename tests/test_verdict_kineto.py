@@ -11,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 import dashboard
+from dashboard import report
 from dashboard.analysis.diagnosis import loaders
 
 pytestmark = pytest.mark.torch
@@ -160,6 +161,80 @@ def test_a_recording_that_saw_the_iterator_created_places_its_rounds_however_qui
     # 10 in 5 runs with two `yes` (batch 5, whose fetch began in the pause, waited 7-14 ms); the
     # finding listed 10 of 10 in all.
     assert sum(waits[i] > 0.015 for i in odd) >= 0.8 * len(odd)
+
+
+def test_a_recording_of_two_epochs_places_each_epochs_rounds_from_its_own_start(tmp_path):
+    """Two epochs of one loader in one recording are one run of __next__ events: nothing in the
+    trace marks the second epoch's start. An epoch of 26 batches and the call that raises
+    StopIteration is 27 calls, so counting on from the first epoch put the second epoch's
+    rounds one batch off: worker 1 was named slow "with 4.8 ms of waiting against 26.8 ms for
+    the others", beside a `more_workers` finding. Each epoch starts its round at worker 0
+    (torch's _reset), and the stalls show where the second one began."""
+    loader = DataLoader(Samples(52, sleep_s=0.03, slow_worker=1), batch_size=2, num_workers=2)
+    model = torch.nn.Linear(8, 8)
+    calls = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            for batch in timed(loader, calls):
+                model(batch).sum().backward()
+                time.sleep(0.01)
+    prof.export_chrome_trace(str(tmp_path / "run.pt.trace.json"))
+    per_epoch = len(loader) + 1  # its batches and the StopIteration call
+    assert len(calls) == 2 * per_epoch and per_epoch % 2 == 1
+    result = dashboard.analyze(str(tmp_path))
+    items = {r.id: r for r in result.recommendations}
+    found = items["slow_worker"]
+    assert found.evidence["num_workers"] == 2 and found.evidence["worker_id"] == 1
+    assert not {"more_workers", "slow_samples"} & set(items)
+    [loader_budget] = result.assessment.budget
+    assert loader_budget.evidence["iterators"] == 2
+    # Worker 1's batches of each epoch, as the loop's books number them: the odd ones of each
+    # epoch (not its last call, StopIteration). In quiet runs every one waited over 15 ms.
+    waits = [e - s for s, e in calls]
+    odd = {(epoch, b) for epoch in (1, 2) for b in range(1, per_epoch - 1, 2)}
+    assert sum(waits[(epoch - 1) * per_epoch + b] > 0.015 for epoch, b in odd) >= 0.8 * len(odd)
+    listed = [(item["iterator"], item["batch"]) for item in found.evidence["batches"]]
+    assert set(listed) <= odd and {epoch for epoch, _ in listed} == {1, 2}
+    recorded = recorded_next_s(tmp_path)
+    for item in found.evidence["batches"]:
+        at = (item["iterator"] - 1) * per_epoch + item["batch"]
+        assert item["duration_s"] == pytest.approx(recorded[at], abs=2e-6)
+        assert item["duration_s"] == pytest.approx(waits[at], abs=0.02)  # (the loop's timing: as above)
+
+
+@pytest.mark.parametrize("drawn", [8, 9])
+def test_a_recording_begun_mid_epoch_names_no_worker_and_no_worker_count(tmp_path, drawn):
+    """The iterator made and `drawn` batches taken before the profiler starts: the trace cannot
+    tell which batch of the epoch its first one is. With 9 drawn, the first recorded batch (the
+    slow worker's) waited 3.8 ms against 0.2 ms for ready ones; a first batch 5x a ready one
+    was once taken for the epoch's start, so worker 1's stalls were placed on worker 0 and the
+    finding was "the workers cannot keep up: 6 workers" (with 8 drawn: no finding). Neither is
+    known: no worker count, no finding that needs one, no start-up where no start was seen, and
+    the page says why there is no finding."""
+    loader = DataLoader(Samples(120, sleep_s=0.03, slow_worker=1), batch_size=2, num_workers=2)
+    it = iter(loader)
+    for _ in range(drawn):
+        next(it)
+    model = torch.nn.Linear(8, 8)
+    calls = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in timed(it, calls):
+            model(batch).sum().backward()
+            time.sleep(0.01)
+    prof.export_chrome_trace(str(tmp_path / "run.pt.trace.json"))
+    result = dashboard.analyze(str(tmp_path))
+    # The loop's books: worker 1's batches (odd in the epoch) stalled, so the job waited.
+    waits = [e - s for s, e in calls]
+    worker_1 = range(1 - drawn % 2, len(calls) - 1, 2)
+    assert sum(waits[i] > 0.015 for i in worker_1) >= 0.8 * len(worker_1)
+    assert result.verdict.input_percent == pytest.approx(measured_percent(calls), abs=3)
+    assert result.recommendations == []
+    [loader_budget] = result.assessment.budget
+    assert loader_budget.evidence["num_workers"] is None and "num_workers unknown" in loader_budget.loader
+    assert loader_budget.parts["startup"] == 0.0
+    assert loader_budget.parts["throughput"] == pytest.approx(result.verdict.getnext_s, abs=1e-3)
+    text = report.to_text(result)
+    assert "Findings: none (num_workers is not recorded" in text and "Start the profiler before the epoch's loop" in text
 
 
 def test_slow_worker_start_is_start_up_cost(tmp_path):

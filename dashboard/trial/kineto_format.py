@@ -35,7 +35,8 @@ Kept events, and what they become (so the existing `classify` and analyses apply
   of an iterator class (the thread's first in the recording, or the first after another
   class's: where the analysis starts an iterator, dataloader.call_segments) becomes a `created`
   event (no duration): the recording saw that iterator's first batch as its first (a recording
-  that begins mid-epoch does not), which the worker-count inference needs to place the rounds.
+  that begins mid-epoch does not), which the worker-count inference needs to place the rounds
+  (analysis/diagnosis/rounds.py).
   In a recording that begins mid-epoch, a loop that draws with `random_` or `torch.randint`
   (its `aten::random_` nests in `aten::randint`, which is not kept) just before its first
   recorded `__next__` would pass for one: the rounds are then placed off by the batches the

@@ -509,8 +509,7 @@ def findings_component(verdict: dict) -> list:
                     className="summary-heading"),
             html.Div(id=Ids.RECOMMENDATIONS, className="recommendations", children=(
                 html.Ol([_finding(n, item) for n, item in enumerate(findings, 1)], className="findings")
-                if findings else html.P("No findings: nothing to change in the input pipeline.",
-                                        className="no-findings")))]
+                if findings else html.P(f"No findings: {verdict['no_findings']}.", className="no-findings")))]
 
 
 def what_if_lines(shown: dict) -> list:

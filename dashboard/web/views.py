@@ -26,7 +26,8 @@ from ..analysis.dataloader import DEFAULT_OUTLIER_FACTOR, DataLoaderAnalysis
 from ..analysis.diagnosis import PARTS, WHAT_IF_KEYS, Assessment, LoaderBudget, Recommendation, WhatIf
 from ..analysis.diagnosis.findings.base import predicted_text
 from ..api import TrialAnalysis
-from ..report import NOT_RECORDED_WORDS, PART_WORDS, not_recorded_anywhere, prediction_text as _prediction_text
+from ..report import NOT_RECORDED_WORDS, PART_WORDS, no_findings_reason, not_recorded_anywhere
+from ..report import prediction_text as _prediction_text
 from ..report import to_dict
 from ..report import saving_text  # noqa: F401  (the page's words for a saving are the report's)
 from ..display import duration_s, duration_us, iso_utc, short_name
@@ -536,6 +537,7 @@ def verdict_summary(view: TrialView) -> dict:
         "nodes": [{"node": node, "class": v.class_ or "none", "percent": _percent(v.input_percent),
                    "basis": v.basis} for node, v in nodes.items()] if len(nodes) > 1 else [],
         "findings": [_finding(item, assessment) for item in assessment.recommendations],
+        "no_findings": no_findings_reason(item.evidence.get("note") for item in assessment.budget),
         "not_recorded": not_recorded_text(view.trial),
     }
 

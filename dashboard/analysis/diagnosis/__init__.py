@@ -10,7 +10,8 @@
         .what_if                    the predictions behind them
         .predict(change)            a what-if of your own, per training loader (what_if)
 
-The modules answer one question each: `loaders` (what trained, for how long), `pipeline`
+The modules answer one question each: `loaders` (what trained, for how long), `rounds` (the
+worker count and each batch's place in its epoch, where a trace records neither), `pipeline`
 (what the records imply about each batch; the replay), `budget`, `what_if`, `findings/`.
 Pure functions of the frames: no I/O, no printing.
 """
@@ -28,7 +29,8 @@ from .loaders import ProcessTraining, process_order as _process_order
 from .budget import PARTS, LoaderBudget, budget as loader_budget, unmodelled_budget
 from .findings import MAX_LISTED, MIN_SHARE_OF_JOB, LoaderContext, Recommendation, rank
 from .findings.straggler import stragglers
-from .pipeline import PipelineModel, build, infer_workers
+from .pipeline import PipelineModel, build
+from .rounds import infer_workers, placed_rounds
 from .verdict import (CLASS_HIGHLY, CLASS_MODERATELY, CLASS_NOT, HIGHLY_INPUT_BOUND_PERCENT,
                       MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, process_verdict,
                       trial_verdict)
@@ -100,7 +102,8 @@ def assess_process(process: ProcessTraining) -> ProcessAssessment:
         if loader.num_workers is None and loader.multi_process:
             inferred = infer_workers(loader)
             if inferred is not None:
-                loader = dataclasses.replace(loader, num_workers=inferred, num_workers_inferred=True)
+                loader = dataclasses.replace(loader, num_workers=inferred, num_workers_inferred=True,
+                                             calls=placed_rounds(loader, inferred))
         replays = loader.num_workers is not None
         model = build(loader, process) if replays else None
         item = loader_budget(process, loader, model) if model is not None else unmodelled_budget(process, loader)

@@ -326,12 +326,21 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                         bound, evidence, slow, windows, tail_rows, loader.name)
 
 
+_UNMODELLED_NOTE = ("num_workers is not recorded, and no recorded epoch seen from its start shows it (the waits "
+                    "of one slow worker, or of workers too few, recur once per round of num_workers batches): "
+                    "the pipeline model cannot be replayed. Start the profiler before the epoch's loop (so the "
+                    "trace shows the iterator begin), or record with the collector")
+
+
 def unmodelled_budget(process: ProcessTraining, loader: Loader) -> LoaderBudget:
-    """A loader whose worker count the trial does not record (Kineto): its wait is split
-    into the first batch of each iterator and the rest; no worker can be named."""
+    """A loader whose worker count the trial does not record (Kineto), nor the stalls of an
+    iterator it saw begin tell (rounds.py): its wait is split into the first batch of each
+    iterator seen from its start and the rest; no worker can be named. (The first batch of a
+    recording begun mid-epoch is no start: the 9th batch of an epoch, a slow worker's, waited
+    3.8 ms there, not a start-up.)"""
     calls = loader.calls
     waits = calls["duration_us"].to_numpy(dtype=np.float64)
-    firsts = calls["index"].to_numpy() == 0
+    firsts = (calls["index"].to_numpy() == 0) & np.isin(calls["segment"].to_numpy(), list(loader.seen_from_start))
     median = float(np.median(waits[~firsts])) if (~firsts).any() else 0.0
     startup = float(np.maximum(waits[firsts] - median, 0.0).sum())
     parts = dict.fromkeys(PARTS, 0.0)
@@ -340,7 +349,7 @@ def unmodelled_budget(process: ProcessTraining, loader: Loader) -> LoaderBudget:
     return LoaderBudget(process.host, loader.process, loader.label, round(loader_training_us(process, loader) / 1e6, 6),
                         round(loader.wait_us / 1e6, 6), parts, "unknown",
                         {"batches": int(len(calls)), "iterators": int(loader.segments), "num_workers": None,
-                         "note": "num_workers is not recorded: the pipeline model cannot be replayed"},
+                         "note": _UNMODELLED_NOTE},
                         iterator=loader.name)
 
 

@@ -91,12 +91,22 @@ class Loader:
 
     @cached_property
     def segments(self) -> int:
-        return int(self.calls["segment"].nunique())
+        """Its iterators (epochs)."""
+        return int(iterator_codes(self.calls).max(initial=-1)) + 1
 
     @cached_property
     def wait_us(self) -> float:
         return float(self.calls["duration_us"].sum())
 
+
+
+def iterator_codes(calls: pd.DataFrame) -> np.ndarray:
+    """Each call's iterator, numbered 0.. in the calls' order: its segment, and within a segment
+    the epoch where rounds.placed_rounds found several (a trace that does not mark iterators)."""
+    keys = calls["segment"].to_numpy()
+    if "epoch" in calls:
+        keys = pd.MultiIndex.from_arrays([keys, calls["epoch"].to_numpy()])
+    return pd.factorize(keys)[0]
 
 
 @dataclass

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .loaders import Loader, ProcessTraining
+from .loaders import Loader, ProcessTraining, iterator_codes
 
 # Waits below delivery cost + this are "the batch was there": timer and scheduling noise
 # on a busy host is of this order (a context switch, a wake-up of the main thread).
@@ -193,56 +193,6 @@ class PipelineModel:
         return max(1.0, (per_worker - latency) / cpu)
 
 
-# Inferring the worker count from stalls: at least this many stalls in an iterator, most
-# gaps between consecutive stalls equal to one period, covering most of its rounds.
-PERIOD_MIN_STALLS = 4
-PERIOD_GAP_SHARE = 0.75
-PERIOD_COVERAGE = 0.5
-PERIOD_MAX = 64
-# A first batch this many times the ready batches' wait: the recording began with the
-# iterator (it paid the workers' start), so batch b is the iterator's b-th. Where the trial
-# shows the iterator's creation (Loader.seen_from_start) that is known, however quick the
-# first batch: workers that had their first batches ready by the first next() (the loop did
-# something else after iter(), or the host made the main process wait) give one no longer
-# than a ready batch's.
-FRESH_START_FACTOR = 5.0
-
-
-def infer_workers(loader: Loader) -> int | None:
-    """The worker count of a multi-process loader whose trial does not record it
-    (torch.profiler traces): under in-order delivery the waits recur once per round of
-    num_workers batches, on alike workers (the batch first in line) as on a slow one. Only
-    iterators that the recording saw start count (else the batch numbers are not the
-    iterator's, and the round cannot be placed): shown created, or with a first batch that
-    paid the workers' start."""
-    calls = loader.calls
-    waits = calls["duration_us"].to_numpy(dtype=np.float64)
-    index = calls["index"].to_numpy()
-    segment = calls["segment"].to_numpy()
-    last = pd.Series(index).groupby(segment).transform("max").to_numpy()
-    inner = (index > 0) & (index < last)  # not the start, nor Kineto's StopIteration call
-    if inner.sum() < PERIOD_MIN_STALLS:
-        return None
-    ready = float(np.quantile(waits[inner], 0.25))
-    threshold = max(2.0 * max(ready, 1.0), float(np.median(waits[inner])))
-    found = {}
-    for seg in np.unique(segment):  # iterators of a trace: one per recording, a few
-        mine = segment == seg
-        if seg not in loader.seen_from_start and \
-                waits[mine & (index == 0)].max(initial=0.0) < FRESH_START_FACTOR * max(ready, 1.0):
-            continue
-        stalls = index[mine & inner & (waits > threshold)]
-        if len(stalls) < PERIOD_MIN_STALLS:
-            continue
-        values, counts = np.unique(np.diff(stalls), return_counts=True)
-        period = int(values[np.argmax(counts)])
-        rounds = (int(last[mine].max()) - 1) / max(period, 1)
-        if 2 <= period <= PERIOD_MAX and counts.max() >= PERIOD_GAP_SHARE * (len(stalls) - 1) \
-                and len(stalls) >= PERIOD_COVERAGE * rounds:
-            found[period] = found.get(period, 0) + len(stalls)
-    return max(found, key=found.get) if found else None
-
-
 def compact(model: PipelineModel) -> PipelineModel:
     """The model with only the batches the replay reads (a what-if later, from a cache)."""
     keep = replayed_rows(model)
@@ -250,6 +200,13 @@ def compact(model: PipelineModel) -> PipelineModel:
                  "latency_base_us", "cpu_base_us")
     values = {name: getattr(model, name)[keep] for name in per_batch}
     return dataclasses.replace(model, **values, today_waits=[])
+
+
+def first_index(segment: np.ndarray, index: np.ndarray, segments: int) -> np.ndarray:
+    """Each iterator's first batch number (its batches in order, iterator by iterator)."""
+    first = np.zeros(segments, dtype=np.int64)
+    first[segment[::-1]] = index[::-1]
+    return first
 
 
 def _mean(values) -> float | None:
@@ -303,7 +260,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     calls = loader.calls
     n = len(calls)
     workers = int(loader.num_workers or 0)
-    segment = pd.factorize(calls["segment"].to_numpy())[0]
+    segment = iterator_codes(calls)
     index = calls["index"].to_numpy(dtype=np.int64)
     ask = calls["start_us"].to_numpy(dtype=np.float64)
     ret = calls["end_us"].to_numpy(dtype=np.float64)
@@ -325,6 +282,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     if segments:
         recreated[:] = not persistent
         recreated[0] = True
+        # (an iterator a recording began in, rounds.placed_rounds: its workers were long started)
+        recreated &= first_index(segment, index, segments) == 0
     del recorded
     # Before the model's own per-batch arrays exist: its temporaries were the assessment's peak
     # (at 300k GetNexts, 8 MB on top of the 40 MB the model then held).
@@ -657,14 +616,14 @@ def replayed_rows(model: PipelineModel) -> np.ndarray:
 
 # --- the replay -----------------------------------------------------------------------------
 
-def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, received, stored) -> list[float]:
+def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, received, stored, first) -> list[float]:
     free = list(ready_at)
     returned = []
     waits = []
     now = 0.0
     latest = -np.inf  # the latest fetch end so far: a batch done before it was stored
     for b, (c, comp) in enumerate(zip(cost, compute)):
-        w = b % workers
+        w = (first + b) % workers
         sent = returned[b - prefetch] if b >= prefetch else 0.0
         start = free[w] if free[w] > sent else sent
         done = start + c * speed[w]
@@ -678,8 +637,9 @@ def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, received
     return waits
 
 
-def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, received, _stored) -> list[float]:
-    # (`_stored`: the in-order replay's signature; out of order no batch waits in the store)
+def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, received, _stored, _first) -> list[float]:
+    # (`_stored`, `_first`: the in-order replay's signature; out of order no batch waits in the
+    # store, and a batch goes to whichever worker has room, not by its number)
     free = list(ready_at)
     outstanding = [0] * workers
     cap = max(1, prefetch // workers)
@@ -751,7 +711,8 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
         if workers == 0:
             out.append((seg, cost.copy()))
             continue
-        fresh = seg == 0 or not settings.persistent_workers
+        first = int(model.index[lo])  # (not 0 where the recording began mid-epoch: rounds.py)
+        fresh = (seg == 0 or not settings.persistent_workers) and first == 0
         today = model.startup_us[seg] if model.recreated[seg] else first_start
         ready = today if fresh else np.zeros_like(today)
         if not model.settings.num_workers:
@@ -761,5 +722,5 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
             ready_at += [float(np.median(ready)) if len(ready) else 0.0] * (workers - len(ready_at))
         run = _replay_in_order if settings.in_order else _replay_any_order
         out.append((seg, np.asarray(run(cost.tolist(), model.compute_us[lo:hi].tolist(), ready_at, speed,
-                                        workers, workers * settings.prefetch_factor, *delivery))))
+                                        workers, workers * settings.prefetch_factor, *delivery, first))))
     return out

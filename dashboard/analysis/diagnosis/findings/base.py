@@ -8,7 +8,7 @@ import pandas as pd
 
 from ....display import duration_s
 from ..budget import LoaderBudget
-from ..loaders import Loader, ProcessTraining
+from ..loaders import Loader, ProcessTraining, iterator_codes
 from ..pipeline import PipelineModel
 from ..what_if import WhatIf
 
@@ -75,9 +75,10 @@ def predicted_text(result: WhatIf | None) -> str:
 
 def batch_list(calls: pd.DataFrame, rows) -> list[dict]:
     """Batches for evidence: iterator number (1.. in time order), batch, start, wait, worker."""
-    numbers = {seg: n for n, seg in enumerate(pd.unique(calls["segment"]), 1)}
-    picked = calls.iloc[list(rows)[:MAX_LISTED]]
-    return [{"iterator": numbers[int(r.segment)], "batch": int(r.index_), "start_us": int(r.start_us),
+    rows = list(rows)[:MAX_LISTED]
+    numbers = iterator_codes(calls)[rows] + 1
+    picked = calls.iloc[rows]
+    return [{"iterator": int(number), "batch": int(r.index_), "start_us": int(r.start_us),
              "duration_s": round(r.duration_us / 1e6, 6),
              "worker_id": None if pd.isna(r.worker_id) else int(r.worker_id)}
-            for r in picked.rename(columns={"index": "index_"}).itertuples()]
+            for number, r in zip(numbers.tolist(), picked.rename(columns={"index": "index_"}).itertuples())]
