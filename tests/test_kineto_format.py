@@ -301,6 +301,27 @@ def test_a_trace_grown_since_its_listing_is_read_as_listed(two_loaders, tmp_path
     assert "the trace ends early" in trial.report.files_with_skipped_lines[0].reason
 
 
+@pytest.mark.parametrize("after", ["an event", "its arguments"])
+def test_a_trace_cut_just_after_a_closing_brace_is_truncated(two_loaders, tmp_path, after):
+    """A cut that leaves the file ending in "}" (an event's, or its arguments') is no whole
+    trace: once it passed for one (the check was the last byte), and the test above, whose cut
+    falls where it falls, failed about 1 run in 50."""
+    [name] = os.listdir(two_loaders["folder"])
+    with open(os.path.join(two_loaders["folder"], name), "rb") as handle:
+        data = handle.read()
+    middle = len(data) // 2
+    if after == "an event":
+        cut = data.index(b"\n  },", middle) + len(b"\n  }")
+    else:
+        cut = data.index(b"}", data.index(b'"args": {', middle)) + 1
+    (tmp_path / name).write_bytes(data[:cut])
+    trial = load_trial(str(tmp_path))
+    assert trial.report.lines_skipped == 1
+    assert "the trace ends early" in trial.report.files_with_skipped_lines[0].reason
+    whole = load_trial(two_loaders["folder"])
+    assert whole.report.lines_skipped == 0 and not whole.report.files_with_skipped_lines
+
+
 def test_ranks_from_distributed_info_become_nodes(tmp_path):
     script = textwrap.dedent(f"""
         import json, os, sys, torch

@@ -284,6 +284,25 @@ def _scan(pieces: Iterable[bytes], gz: bool, on_decoded: Callable[[int], None] |
         pending = following
 
 
+# Where traceEvents may close: "]" after its last event's "}" (or its "[" when empty).
+_EVENTS_CLOSE_RE = re.compile(rb"[}\[]\s*\]")
+_CLOSES_TRIED = 8
+
+
+def _ends_whole(tail: bytes) -> bool:
+    """Whether the trace's last bytes close traceEvents and the top-level object (Kineto writes
+    `}\n  ],"traceName": "..." }`). A trace cut anywhere else is truncated, however it ends: one
+    cut just after an event's or its arguments' "}" once passed for whole, 1 cut in 50 or so."""
+    closes = [m.end() for m in _EVENTS_CLOSE_RE.finditer(tail)][-_CLOSES_TRIED:]
+    for end in reversed(closes):
+        try:
+            if isinstance(orjson.loads(b'{"traceEvents":[]' + tail[end:]), dict):
+                return True
+        except orjson.JSONDecodeError:
+            continue
+    return False
+
+
 def _metadata(scanner: _Scanner) -> tuple[int | None, int | None, str | None, str | None]:
     """(base_ns, rank, host, error) from the top-level fields around traceEvents; rank None
     when the trace has no distributedInfo."""
@@ -390,7 +409,7 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
     if scanner.stream_error:
         skipped += 1
         problems.append(f"the gzip stream breaks off ({scanner.stream_error}): events after it are lost")
-    elif not scanner.tail.rstrip().endswith(b"}"):
+    elif not _ends_whole(scanner.tail):
         skipped += 1
         problems.append("the trace ends early (truncated?): events after the last complete one are lost")
     events = scanner.events
