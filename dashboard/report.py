@@ -202,8 +202,8 @@ def _where(data: dict, item: dict) -> str:
 
 
 def no_findings_reason(notes) -> str:
-    """Why a trial has no findings: nothing to change, or what its budgets' notes say the trial
-    does not show (a worker count that a trace neither records nor shows)."""
+    """Why a trial has no findings: nothing to change, or what its budgets say the trial does
+    not show (budget.UNSEEN_NOTE: a trace that saw no iterator begin)."""
     reasons = list(dict.fromkeys(note for note in notes if note))
     return "; ".join(reasons) if reasons else "nothing to change in the input pipeline"
 
@@ -250,7 +250,7 @@ def _summary_lines(data: dict, result: TrialAnalysis) -> list[str]:
     findings = data["recommendations"]
     lines.append("")
     lines.append(f"Findings: {len(findings)}" if findings else
-                 f"Findings: none ({no_findings_reason(item['evidence'].get('note') for item in data['budget'])})")
+                 f"Findings: none ({no_findings_reason(item['evidence'].get('no_findings_reason') for item in data['budget'])})")
     for number, item in enumerate(findings, 1):
         saving = "" if item["saving_s"] is None else f" [{saving_text(item['saving_s'])}]"
         lines.append(f"  {number}. ({item['id']}){saving} {item['text']}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from dashboard.analysis.diagnosis.loaders import Loader, iterator_codes
-from dashboard.analysis.diagnosis.rounds import infer_workers, placed_rounds
+from dashboard.analysis.diagnosis.rounds import inferred_rounds
 
 STALL_US, READY_US = 40_000.0, 200.0
 
@@ -25,20 +26,20 @@ def _loader(*segments: pd.DataFrame, seen=frozenset({0})) -> Loader:
                   seen_from_start=frozenset(seen))
 
 
-def test_a_recording_begun_mid_epoch_is_placed_by_the_stalls_of_one_seen_from_its_start():
-    # Worker 1 slow: its batches (odd in the epoch) stall. The second recording began at an odd
-    # batch of the epoch, so its stalls are at even places of the recording.
-    seen = _segment(0, 41, lambda p: p % 2 == 1)
-    mid = _segment(1, 30, lambda p: (p % 2 == 0) & (p < 29))
-    loader = _loader(seen, mid)
-    assert infer_workers(loader) == 2
-    placed = placed_rounds(loader, 2)
+@pytest.mark.parametrize("missed", [25, 26, 27])
+def test_a_recording_begun_mid_epoch_is_placed_by_the_stalls_of_one_seen_from_its_start(missed):
+    # Worker 1 of 4 slow: its batches (1 mod 4 in the epoch) stall. The second recording began
+    # `missed` batches into an epoch: its stalls are at (1 - missed) mod 4 of the recording.
+    seen = _segment(0, 41, lambda p: (p % 4 == 1) & (p < 40))
+    mid = _segment(1, 30, lambda p: ((p + missed) % 4 == 1) & (p < 29))
+    workers, placed = inferred_rounds(_loader(seen, mid))
+    assert workers == 4
     first, second = placed[placed["segment"] == 0], placed[placed["segment"] == 1]
     assert first["index"].tolist() == list(range(41))
-    # Worker 1's place, and at least a round in: none of it passes for the epoch's first round.
-    stalls = second[second["duration_us"] == STALL_US]["index"].to_numpy()
-    assert (stalls % 2 == 1).all() and second["index"].min() >= 2
-    assert np.diff(second["index"].to_numpy()).tolist() == [1] * 29  # numbered on, in order
+    # Worker 1's place, numbered on in order from at least a round in: none of it passes for
+    # the epoch's first round, and the batches keep their distance from the epoch's start mod 4.
+    index = second["index"].to_numpy()
+    assert ((index - np.arange(30)) % 4 == missed % 4).all() and index.min() >= 4
     assert not placed["epoch"].any()
 
 
@@ -47,21 +48,34 @@ def test_two_epochs_in_one_recording_are_numbered_each_from_its_start():
     per_epoch = 27
     stalled = lambda p: ((p % per_epoch) % 2 == 1) & ((p % per_epoch) < per_epoch - 1)  # noqa: E731
     loader = _loader(_segment(0, 2 * per_epoch, stalled))
-    assert infer_workers(loader) == 2
-    placed = placed_rounds(loader, 2)
+    workers, placed = inferred_rounds(loader)
+    assert workers == 2
     assert placed["epoch"].tolist() == [0] * per_epoch + [1] * per_epoch
     assert placed["index"].tolist() == list(range(per_epoch)) * 2
     assert iterator_codes(placed).tolist() == [0] * per_epoch + [1] * per_epoch
     assert Loader.segments.func(_loader(placed)) == 2  # (the iterators the budget counts)
 
 
-def test_a_few_slow_batches_off_the_round_begin_no_epoch():
-    # Two slow batches in a row at the other place: slow samples, not a moved round.
-    loader = _loader(_segment(0, 61, lambda p: (p % 2 == 1) | np.isin(p, [20, 22])))
-    placed = placed_rounds(loader, 2)
-    assert placed is loader.calls  # as they were
+def test_slow_batches_off_the_round_begin_no_epoch():
+    # Worker 1's batches stall, but 21 is ready and 20 and 22 (worker 0's) are slow: two stalls in
+    # a row at the other place, slow samples, not a moved round (three would be one).
+    stalled = lambda p: ((p % 2 == 1) & (p != 21) | np.isin(p, [20, 22])) & (p < 60)  # noqa: E731
+    loader = _loader(_segment(0, 61, stalled))
+    workers, placed = inferred_rounds(loader)
+    assert workers == 2 and placed is loader.calls  # as they were
+
+
+def test_seen_recordings_each_keep_their_own_place():
+    # Two recordings seen from their start, the slow worker's stalls at another place in each (a
+    # different epoch's shard): neither is split, and a third, begun mid-epoch, cannot be placed.
+    odd, even = _segment(0, 41, lambda p: (p % 2 == 1) & (p < 40)), _segment(1, 41, lambda p: (p % 2 == 0) & (p > 0))
+    workers, placed = inferred_rounds(_loader(odd, even, seen={0, 1}))
+    assert workers == 2 and placed["index"].tolist() == list(range(41)) * 2 and "epoch" not in placed
+    mid = _segment(2, 30, lambda p: (p % 2 == 0) & (p < 29))
+    assert inferred_rounds(_loader(odd, even, mid, seen={0, 1})) is None  # no place the seen ones share
 
 
 def test_no_recording_seen_from_its_start_gives_no_count():
-    loader = _loader(_segment(0, 61, lambda p: p % 2 == 0), seen=frozenset())
-    assert infer_workers(loader) is None
+    waits = _segment(0, 61, lambda p: (p % 2 == 1) & (p < 60))
+    assert inferred_rounds(_loader(waits, seen=frozenset())) is None
+    assert inferred_rounds(_loader(waits))[0] == 2  # the same waits, seen from their start

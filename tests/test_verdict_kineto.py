@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 import dashboard
 from dashboard import report
+from dashboard.web import views
 from dashboard.analysis.diagnosis import loaders
 
 pytestmark = pytest.mark.torch
@@ -234,7 +235,11 @@ def test_a_recording_begun_mid_epoch_names_no_worker_and_no_worker_count(tmp_pat
     assert loader_budget.parts["startup"] == 0.0
     assert loader_budget.parts["throughput"] == pytest.approx(result.verdict.getnext_s, abs=1e-3)
     text = report.to_text(result)
-    assert "Findings: none (num_workers is not recorded" in text and "Start the profiler before the epoch's loop" in text
+    assert "Findings: none (num_workers is not recorded" in text and "Start recording before the epoch's loop" in text
+    # and the page, in the same words
+    summary = views.verdict_summary(views.trial_view(result.trial))
+    assert summary["findings"] == [] and summary["no_findings"] == loader_budget.evidence["no_findings_reason"]
+    assert "Start recording before the epoch's loop" in summary["no_findings"]
 
 
 def test_slow_worker_start_is_start_up_cost(tmp_path):
@@ -250,6 +255,9 @@ def test_slow_worker_start_is_start_up_cost(tmp_path):
     assert found.evidence["first_batch_s"] == pytest.approx(first_s, abs=0.02)
     assert found.evidence["iterators"] == 1
     assert "worker_init_fn" in found.text
+    # The recording saw the iterator begin: whatever it could not replay, it never asks the user
+    # to start recording earlier.
+    assert [b.evidence.get("no_findings_reason") for b in result.assessment.budget] == [None]
 
 
 def test_clean_run_gets_no_findings(tmp_path):

@@ -537,7 +537,7 @@ def verdict_summary(view: TrialView) -> dict:
         "nodes": [{"node": node, "class": v.class_ or "none", "percent": _percent(v.input_percent),
                    "basis": v.basis} for node, v in nodes.items()] if len(nodes) > 1 else [],
         "findings": [_finding(item, assessment) for item in assessment.recommendations],
-        "no_findings": no_findings_reason(item.evidence.get("note") for item in assessment.budget),
+        "no_findings": no_findings_reason(item.evidence.get("no_findings_reason") for item in assessment.budget),
         "not_recorded": not_recorded_text(view.trial),
     }
 

@@ -30,7 +30,7 @@ from .budget import PARTS, LoaderBudget, budget as loader_budget, unmodelled_bud
 from .findings import MAX_LISTED, MIN_SHARE_OF_JOB, LoaderContext, Recommendation, rank
 from .findings.straggler import stragglers
 from .pipeline import PipelineModel, build
-from .rounds import infer_workers, placed_rounds
+from .rounds import inferred_rounds
 from .verdict import (CLASS_HIGHLY, CLASS_MODERATELY, CLASS_NOT, HIGHLY_INPUT_BOUND_PERCENT,
                       MODERATELY_INPUT_BOUND_PERCENT, Verdict, classify_input_percent, process_verdict,
                       trial_verdict)
@@ -100,10 +100,10 @@ def assess_process(process: ProcessTraining) -> ProcessAssessment:
     models: list[PipelineModel | None] = []
     for loader in process.loaders:
         if loader.num_workers is None and loader.multi_process:
-            inferred = infer_workers(loader)
+            inferred = inferred_rounds(loader)
             if inferred is not None:
-                loader = dataclasses.replace(loader, num_workers=inferred, num_workers_inferred=True,
-                                             calls=placed_rounds(loader, inferred))
+                workers, placed = inferred
+                loader = dataclasses.replace(loader, num_workers=workers, num_workers_inferred=True, calls=placed)
         replays = loader.num_workers is not None
         model = build(loader, process) if replays else None
         item = loader_budget(process, loader, model) if model is not None else unmodelled_budget(process, loader)

@@ -326,10 +326,13 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                         bound, evidence, slow, windows, tail_rows, loader.name)
 
 
-_UNMODELLED_NOTE = ("num_workers is not recorded, and no recorded epoch seen from its start shows it (the waits "
-                    "of one slow worker, or of workers too few, recur once per round of num_workers batches): "
-                    "the pipeline model cannot be replayed. Start the profiler before the epoch's loop (so the "
-                    "trace shows the iterator begin), or record with the collector")
+UNMODELLED_NOTE = "num_workers is not recorded, and the waits show no period that tells it: the pipeline model " \
+                  "cannot be replayed"
+# A trace that saw no iterator begin: the reason it has no finding (report.no_findings_reason).
+UNSEEN_NOTE = ("num_workers is not recorded, and the trial shows no iterator begin (the recording began "
+               "mid-epoch), so which batch of its round each one is cannot be told: the waiting is not split "
+               "among the workers. Start recording before the epoch's loop (torch.profiler: before "
+               "`for batch in loader`), or record with the collector")
 
 
 def unmodelled_budget(process: ProcessTraining, loader: Loader) -> LoaderBudget:
@@ -349,7 +352,8 @@ def unmodelled_budget(process: ProcessTraining, loader: Loader) -> LoaderBudget:
     return LoaderBudget(process.host, loader.process, loader.label, round(loader_training_us(process, loader) / 1e6, 6),
                         round(loader.wait_us / 1e6, 6), parts, "unknown",
                         {"batches": int(len(calls)), "iterators": int(loader.segments), "num_workers": None,
-                         "note": _UNMODELLED_NOTE},
+                         "note": UNMODELLED_NOTE if loader.seen_from_start else UNSEEN_NOTE,
+                         "no_findings_reason": None if loader.seen_from_start else UNSEEN_NOTE},
                         iterator=loader.name)
 
 

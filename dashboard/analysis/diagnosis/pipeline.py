@@ -204,8 +204,9 @@ def compact(model: PipelineModel) -> PipelineModel:
 
 def first_index(segment: np.ndarray, index: np.ndarray, segments: int) -> np.ndarray:
     """Each iterator's first batch number (its batches in order, iterator by iterator)."""
+    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]]) if len(segment) else np.zeros(0, np.int64)
     first = np.zeros(segments, dtype=np.int64)
-    first[segment[::-1]] = index[::-1]
+    first[segment[starts]] = index[starts]
     return first
 
 
@@ -282,7 +283,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     if segments:
         recreated[:] = not persistent
         recreated[0] = True
-        # (an iterator a recording began in, rounds.placed_rounds: its workers were long started)
+        # (an iterator a recording began in, rounds.inferred_rounds: its workers were long started)
         recreated &= first_index(segment, index, segments) == 0
     del recorded
     # Before the model's own per-batch arrays exist: its temporaries were the assessment's peak

@@ -16,14 +16,19 @@ in its epoch, which a trace gives only as far as it shows the epoch begin:
   torch's `_reset` (persistent workers draw no seed for a new epoch). An epoch of an odd
   number of calls (its batches and the one that raises StopIteration) put the next epoch's
   rounds one batch off: a 2-epoch recording of a slow worker 1 named worker 1 slow "with
-  4.8 ms of waiting against 26.8 ms for the others". Where the stalls' place in the round
-  moves for good (ROUND_MOVED_STALLS stalls in a row), a new epoch began, and the batches
-  from there are numbered from it; where the recording began mid-epoch, the stalls' place
-  in the rounds of the epochs seen from their start names its batches' workers.
-Without an epoch seen from its start there is no count: the waiting is not split among the
-workers (budget.unmodelled_budget), and no finding names a worker or a worker count.
+  4.8 ms of waiting against 26.8 ms for the others". (A non-persistent or shuffling loader
+  draws a seed as an epoch begins, but so does a loop's own torch.randint: no sign to split
+  on.) Where the stalls' place in the round moves for good (ROUND_MOVED_STALLS stalls in a
+  row), a new epoch began, and the batches from there are numbered from it; where the
+  recording began mid-epoch, the place of the stalls in the epochs seen from their start
+  names its batches' workers.
+Where the rounds cannot be placed (no epoch seen from its start, or stalls that share no
+place) there is no count: the waiting is not split among the workers
+(budget.unmodelled_budget), and no finding names a worker or a worker count.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -39,65 +44,72 @@ PERIOD_MAX = 64
 # This many stalls in a row off the slow (or first) worker's place in the round: a new epoch
 # began (a single stall off it is a slow batch, which lands anywhere).
 ROUND_MOVED_STALLS = 3
+# An epoch's place: the one more than half of its first this-many stalls share.
+PLACE_STALLS = 2 * ROUND_MOVED_STALLS + 1
 
 
-def _stalls(loader: Loader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(each call's position in its segment, its segment, whether it stalled: an inner call that
-    waited beyond twice a ready batch's wait and beyond the typical one), or None with too few
-    inner calls to tell."""
+@dataclass(frozen=True)
+class _Stalls:
+    position: np.ndarray  # each call's position in its segment
+    segment: np.ndarray
+    last: np.ndarray  # its segment's last position
+    stalled: np.ndarray  # an inner call (not the first, nor Kineto's StopIteration call) that stalled
+
+
+def _stalls(loader: Loader) -> _Stalls | None:
+    """The loader's calls, and which stalled: waited beyond twice a ready batch's wait and beyond
+    the median one, or, where half the batches stall (a slow worker of two: the median is then a
+    stall's wait), beyond the geometric middle of the ready and the stalled waits. None with too
+    few inner calls to tell."""
     calls = loader.calls
     waits = calls["duration_us"].to_numpy(dtype=np.float64)
     position = calls["index"].to_numpy()
     segment = calls["segment"].to_numpy()
     last = pd.Series(position).groupby(segment).transform("max").to_numpy()
-    inner = (position > 0) & (position < last)  # not the start, nor Kineto's StopIteration call
+    inner = (position > 0) & (position < last)
     if inner.sum() < PERIOD_MIN_STALLS:
         return None
     ready, high = (float(q) for q in np.quantile(waits[inner], [0.25, 0.9]))
-    # Beyond the median wait, or, where half the batches stall (a slow worker of two), beyond
-    # the middle of the ready and the stalled waits (the median is then a stall's wait).
     middle = min(float(np.median(waits[inner])), float(np.sqrt(max(ready, 1.0) * max(high, 1.0))))
     threshold = max(2.0 * max(ready, 1.0), middle)
-    return position, segment, inner & (waits > threshold)
+    return _Stalls(position, segment, last, inner & (waits > threshold))
 
 
-def infer_workers(loader: Loader) -> int | None:
-    """The worker count of a multi-process loader whose trial does not record it, from the
-    period of the stalls of its iterators seen from their start; None where none shows a
-    clear one."""
-    found_stalls = _stalls(loader)
-    if found_stalls is None:
-        return None
-    position, segment, stalled = found_stalls
-    last = pd.Series(position).groupby(segment).transform("max").to_numpy()
-    found: dict[int, int] = {}
-    for seg in sorted(loader.seen_from_start):  # iterators of a trace: one per recording, a few
-        mine = segment == seg
-        stalls = position[mine & stalled]
+def _period(found: _Stalls, seen: frozenset[int]) -> int | None:
+    """The worker count: the stalls' period in the iterators seen from their start, where one
+    shows a clear one."""
+    counted: dict[int, int] = {}
+    for seg in sorted(seen):  # iterators of a trace: one per recording, a few
+        mine = found.segment == seg
+        stalls = found.position[mine & found.stalled]
         if len(stalls) < PERIOD_MIN_STALLS:
             continue
         values, counts = np.unique(np.diff(stalls), return_counts=True)
         period = int(values[np.argmax(counts)])
-        rounds = (int(last[mine].max()) - 1) / max(period, 1)
+        rounds = (int(found.last[mine].max()) - 1) / max(period, 1)
         if 2 <= period <= PERIOD_MAX and counts.max() >= PERIOD_GAP_SHARE * (len(stalls) - 1) \
                 and len(stalls) >= PERIOD_COVERAGE * rounds:
-            found[period] = found.get(period, 0) + len(stalls)
-    return max(found, key=found.get) if found else None
+            counted[period] = counted.get(period, 0) + len(stalls)
+    return max(counted, key=counted.get) if counted else None
 
 
 def _place_of_stalls(positions: np.ndarray, workers: int) -> int | None:
-    """The place in the round most of the first ROUND_MOVED_STALLS stalls share, if most do."""
-    if len(positions) == 0:
+    """The place in the round (position mod workers) more than half of the first PLACE_STALLS
+    stalls share; None where none does."""
+    first = positions[:PLACE_STALLS]
+    if len(first) == 0:
         return None
-    places = np.bincount(positions[:ROUND_MOVED_STALLS] % workers, minlength=workers)
-    return int(np.argmax(places)) if places.max() * 2 > min(len(positions), ROUND_MOVED_STALLS) else None
+    places = np.bincount(first % workers, minlength=workers)
+    place = int(np.argmax(places))
+    return place if places[place] * 2 > len(first) else None
 
 
 def _epoch_bases(stalls: np.ndarray, workers: int, place: int, base: int) -> list[int]:
     """The position each epoch of a segment begins at (the first: `base`), from its stalls'
     positions: an epoch's stalls fall at `place` of its rounds, and ROUND_MOVED_STALLS in a row
     at another place began a new epoch, whose first round's stall is the first of them (a fresh
-    epoch's first batches are not ready ahead: worker `place`'s first one is waited for)."""
+    epoch's first batches are not ready ahead: worker `place`'s first one is waited for; if that
+    one was not, the new epoch is placed a round late)."""
     bases = [base]
     moved: list[int] = []
     for at in stalls.tolist():
@@ -119,39 +131,49 @@ def _epoch_bases(stalls: np.ndarray, workers: int, place: int, base: int) -> lis
     return bases
 
 
-def placed_rounds(loader: Loader, workers: int) -> pd.DataFrame:
-    """The loader's calls with `index` the batch's number in its epoch as the stalls place it
-    (an epoch seen from its start from 0; one a recording began in from `workers` or more, so
-    that no batch of it passes for its epoch's first round) and `epoch` the epoch's number in
-    its segment. Calls as they were where no stall places them."""
-    calls = loader.calls
-    found_stalls = _stalls(loader)
-    if found_stalls is None or workers < 2:
-        return calls
-    position, segment, stalled = found_stalls
-    seen = np.isin(segment, list(loader.seen_from_start))
-    # Where the slow (or first) worker's batches are: the place of the stalls in the epochs
-    # seen from their start.
-    seen_places = [p for seg in sorted(loader.seen_from_start)
-                   if (p := _place_of_stalls(position[(segment == seg) & stalled], workers)) is not None]
-    if not seen_places:
-        return calls
-    place = int(np.bincount(seen_places).argmax())
+def inferred_rounds(loader: Loader) -> tuple[int, pd.DataFrame] | None:
+    """(the worker count, the loader's calls with `index` each batch's number in its epoch and
+    `epoch` the epoch's number in its segment) of a multi-process loader whose trial records
+    neither, or None where the stalls do not tell them.
+
+    An epoch seen from its start is numbered from 0. One a recording began in is numbered from
+    `workers` or more (no batch of it passes for its epoch's first round), its rounds placed
+    where its stalls share the place the seen epochs' stalls share; one with no stall at all is
+    numbered from `workers` (nothing of it waits: where its rounds fall changes no part)."""
+    found = _stalls(loader)
+    if found is None:
+        return None
+    workers = _period(found, loader.seen_from_start)
+    if workers is None:
+        return None
+    position, segment, stalled = found.position, found.segment, found.stalled
     index = position.astype(np.int64)
-    epoch = np.zeros(len(calls), dtype=np.int64)
+    epoch = np.zeros(len(index), dtype=np.int64)
     bounds = np.r_[0, np.flatnonzero(segment[1:] != segment[:-1]) + 1, len(segment)]  # (in segment order)
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        stalls = position[lo:hi][stalled[lo:hi]]
-        if seen[lo]:
-            base = 0
+    segments = [(lo, hi, int(segment[lo]) in loader.seen_from_start, position[lo:hi][stalled[lo:hi]])
+                for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    # Each seen epoch's place: its stalls' past its first round (start-up's lie anywhere).
+    seen_places = {lo: _place_of_stalls(stalls[stalls >= workers], workers)
+                   for lo, _hi, seen, stalls in segments if seen}
+    if None in seen_places.values():
+        return None
+    values, counts = np.unique(list(seen_places.values()), return_counts=True)
+    common = int(values[np.argmax(counts)]) if counts.max() * 2 > counts.sum() else None
+    for lo, hi, seen, stalls in segments:
+        if seen:
+            place, base = seen_places[lo], 0
+        elif len(stalls) == 0:
+            place, base = 0, -workers
         else:
             first = _place_of_stalls(stalls, workers)
+            if first is None or common is None:
+                return None
             # A recording begun mid-epoch: at least one round before its first batch.
-            base = -(workers + (place - first) % workers) if first is not None else -workers
+            place, base = common, -(workers + (common - first) % workers)
         bases = np.asarray(_epoch_bases(stalls, workers, place, base))
         of = np.searchsorted(bases[1:], position[lo:hi], side="right")
         index[lo:hi] = position[lo:hi] - bases[of]
         epoch[lo:hi] = of
     if not epoch.any() and np.array_equal(index, position):
-        return calls
-    return calls.assign(index=index, epoch=epoch)
+        return workers, loader.calls
+    return workers, loader.calls.assign(index=index, epoch=epoch)

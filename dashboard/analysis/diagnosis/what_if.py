@@ -63,7 +63,8 @@ def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> 
     # Workers that start once also spare the main process's slower compute after each start.
     compute_saved = 0.0
     if settings.persistent_workers and not model.settings.persistent_workers and settings.num_workers:
-        compute_saved = model.startup_compute_us * max(int(model.recreated.sum()) - 1, 0) / 1e6
+        # (the starts after the first iterator's: its own, where the recording saw one, stays)
+        compute_saved = model.startup_compute_us * int(model.recreated[1:].sum()) / 1e6
     training = max(budget.training_s - saved - compute_saved, 1e-9)
     note = "" if model.service_measured else "service times inferred from the main process's waits (an estimate)"
     return WhatIf(budget.node, budget.process, budget.loader, change, now,

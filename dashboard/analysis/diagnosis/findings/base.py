@@ -74,7 +74,9 @@ def predicted_text(result: WhatIf | None) -> str:
 
 
 def batch_list(calls: pd.DataFrame, rows) -> list[dict]:
-    """Batches for evidence: iterator number (1.. in time order), batch, start, wait, worker."""
+    """Batches for evidence: iterator number (1.. in time order), batch (its number in its epoch;
+    in one a recording began in, as rounds.py places it: from at least a round before the
+    recording's first batch, whose true number is not recorded), start, wait, worker."""
     rows = list(rows)[:MAX_LISTED]
     numbers = iterator_codes(calls)[rows] + 1
     picked = calls.iloc[rows]
