@@ -79,3 +79,14 @@ def test_no_recording_seen_from_its_start_gives_no_count():
     waits = _segment(0, 61, lambda p: (p % 2 == 1) & (p < 60))
     assert inferred_rounds(_loader(waits, seen=frozenset())) is None
     assert inferred_rounds(_loader(waits))[0] == 2  # the same waits, seen from their start
+
+
+def test_three_levels_of_waits_the_stalls_are_the_highest():
+    # 3 workers on 2 cores, worker 2 slow (a real run's waits, rounded): its batches stall 30 ms,
+    # the batch after each (worker 0's) waits 2.5 ms for a core, the rest are ready.
+    position = np.arange(61)
+    waits = np.select([position % 3 == 2, (position % 3 == 0) & (position > 0)], [30_000.0, 2_500.0], 100.0)
+    waits[0] = waits[-1] = 100.0
+    loader = _loader(pd.DataFrame({"segment": 0, "index": position, "duration_us": waits}))
+    workers, placed = inferred_rounds(loader)
+    assert workers == 3 and placed is loader.calls
