@@ -56,6 +56,17 @@ def test_two_epochs_in_one_recording_are_numbered_each_from_its_start():
     assert Loader.segments.func(_loader(placed)) == 2  # (the iterators the budget counts)
 
 
+@pytest.mark.parametrize("calls", [25, 54])
+def test_stalls_that_move_within_a_recording_of_no_whole_epochs_begin_none(calls):
+    # Alike workers drifting apart on a busy host: the stalls move from one place to the other
+    # at call 12. No whole epochs of one length end where they moved (25 or 54 calls), so no
+    # epoch began there (a real one-epoch recording of 25 calls was cut in two that way).
+    stalled = lambda p: (p > 0) & (p < calls - 1) & np.where(p < 12, p % 2 == 1, p % 2 == 0)  # noqa: E731
+    loader = _loader(_segment(0, calls, stalled))
+    workers, placed = inferred_rounds(loader)
+    assert workers == 2 and "epoch" not in placed
+
+
 def test_slow_batches_off_the_round_begin_no_epoch():
     # Worker 1's batches stall, but 21 is ready and 20 and 22 (worker 0's) are slow: two stalls in
     # a row at the other place, slow samples, not a moved round (three would be one).
