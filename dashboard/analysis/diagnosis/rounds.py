@@ -21,7 +21,7 @@ in its epoch, which a trace gives only as far as it shows the epoch begin:
   on.) Where the stalls' place in the round moves for good (ROUND_MOVED_STALLS stalls in a
   row) in a recording seen from its start and made of whole epochs of that length, a new
   epoch began, and the batches from there are numbered from it (alike workers' stalls move
-  too, as they drift apart: _whole_epochs); where the recording began mid-epoch, the place of
+  too, as they drift apart: _first_move, _whole_epochs); where the recording began mid-epoch, the place of
   the stalls in the epochs seen from their start names its batches' workers.
 Where the rounds cannot be placed (no epoch seen from its start, or stalls that share no
 place) there is no count: the waiting is not split among the workers
@@ -132,16 +132,15 @@ def _place_of_stalls(positions: np.ndarray, workers: int) -> int | None:
     return place if places[place] * 2 > len(first) else None
 
 
-def _epoch_bases(stalls: np.ndarray, workers: int, place: int, base: int) -> list[int]:
-    """The position each epoch of a segment begins at (the first: `base`), from its stalls'
-    positions: an epoch's stalls fall at `place` of its rounds, and ROUND_MOVED_STALLS in a row
-    at another place began a new epoch, whose first round's stall is the first of them (a fresh
-    epoch's first batches are not ready ahead: worker `place`'s first one is waited for; if that
-    one was not, the new epoch is placed a round late)."""
-    bases = [base]
+def _first_move(stalls: np.ndarray, workers: int, place: int) -> int | None:
+    """Where the stalls of a recording seen from its start say a second epoch began: an epoch's
+    stalls fall at `place` of its rounds, and ROUND_MOVED_STALLS in a row at another place began
+    a new one, whose first round's stall is the first of them (a fresh epoch's first batches are
+    not ready ahead: worker `place`'s first one is waited for; if that one was not, the start
+    is found a round late, _whole_epochs). None where they never move."""
     moved: list[int] = []
     for at in stalls.tolist():
-        if (at - base) % workers == place:
+        if at % workers == place:
             moved = []
             continue
         if moved and (at - moved[0]) % workers:
@@ -151,35 +150,34 @@ def _epoch_bases(stalls: np.ndarray, workers: int, place: int, base: int) -> lis
             continue
         # (A stall just before it at the old place can be the new epoch's first batch, waiting
         # for its workers' start: 3 ms where ready batches took 0.2.)
-        new_base = moved[0] - place
-        if new_base >= base + workers:  # (an epoch is at least one round)
-            base = new_base
-            bases.append(base)
+        if moved[0] - place >= workers:  # (an epoch is at least one round)
+            return moved[0] - place
         moved = []
-    return bases
+    return None
 
 
-def _whole_epochs(bases: list[int], calls: int, stalls: np.ndarray, workers: int, place: int) -> list[int]:
-    """The epochs of a recording seen from its start, where the stalls say a new one began:
-    only if the recording is whole epochs of one length (every epoch of a loader is its batches
-    and the StopIteration call), the first new one found within EPOCH_SNAP_ROUNDS rounds of
-    that length (its first stall missed: found late; the StopIteration call waiting for the
-    workers' shut-down, 28 ms on a busy host, taken for its first stall: found early), and the
-    stalls past each epoch's first round at `place` of it (EPOCH_PLACE_SHARE of them). Else one epoch: the stalls' place also moves
-    within an epoch, workers alike drifting apart on a busy host (a one-epoch recording of 25
-    calls was cut in two at call 12 that way, its first batch's 0.61 s start-up then read as
-    two starts of 0.31 s)."""
-    if len(bases) < 2:
-        return bases
+def _whole_epochs(moved: int | None, calls: int, stalls: np.ndarray, workers: int, place: int) -> list[int]:
+    """The positions the epochs of a recording seen from its start begin at, where its stalls
+    moved (`moved`, _first_move): only if the recording is whole epochs of one length (every
+    epoch of a loader is its batches and the StopIteration call), found within
+    EPOCH_SNAP_ROUNDS rounds of `moved` (its first stall missed: found late; the StopIteration
+    call waiting for the workers' shut-down, 28 ms on a busy host, taken for its first stall:
+    found early), with the stalls past each epoch's first round at `place` of it
+    (EPOCH_PLACE_SHARE of them). Else one epoch: the stalls' place also moves within an epoch,
+    workers alike drifting apart on a busy host (a one-epoch recording of 25 calls was cut in
+    two at call 12 that way, its first batch's 0.61 s start-up then read as two starts of
+    0.31 s)."""
+    if moved is None:
+        return [0]
     nearest = sorted(range(-EPOCH_SNAP_ROUNDS, EPOCH_SNAP_ROUNDS + 1), key=abs)
-    for length in (bases[1] + rounds * workers for rounds in nearest):
+    for length in (moved + rounds * workers for rounds in nearest):
         if length < workers or calls % length or calls // length < 2:
             continue
         in_epoch = stalls % length
         steady = in_epoch[in_epoch >= workers]
         if len(steady) and np.mean(steady % workers == place) >= EPOCH_PLACE_SHARE:
             return list(range(0, calls, length))
-    return bases[:1]
+    return [0]
 
 
 def inferred_rounds(loader: Loader) -> tuple[int, pd.DataFrame] | None:
@@ -212,17 +210,16 @@ def inferred_rounds(loader: Loader) -> tuple[int, pd.DataFrame] | None:
     common = int(values[np.argmax(counts)]) if counts.max() * 2 > counts.sum() else None
     for lo, hi, seen, stalls in segments:
         if seen:
-            place, base = seen_places[lo], 0
+            place = seen_places[lo]
+            bases = np.asarray(_whole_epochs(_first_move(stalls, workers, place), hi - lo, stalls, workers, place))
         elif len(stalls) == 0:
-            place, base = 0, -workers
+            bases = np.asarray([-workers])
         else:
             first = _place_of_stalls(stalls, workers)
             if first is None or common is None:
                 return None
             # A recording begun mid-epoch: at least one round before its first batch.
-            place, base = common, -(workers + (common - first) % workers)
-        bases = np.asarray(_whole_epochs(_epoch_bases(stalls, workers, place, base), hi - lo, stalls, workers,
-                                         place) if seen else [base])
+            bases = np.asarray([-(workers + (common - first) % workers)])
         of = np.searchsorted(bases[1:], position[lo:hi], side="right")
         index[lo:hi] = position[lo:hi] - bases[of]
         epoch[lo:hi] = of
