@@ -39,6 +39,11 @@ from .loaders import Loader
 
 # The worker count from the stalls: at least this many stalls in an iterator seen from its
 # start, most gaps between consecutive stalls equal to one period, covering most of its rounds.
+# A limit of what a trace can tell, measured: stalls that other processes cause recur on a
+# period too. A 25-batch recording of 2 alike workers with four `yes` on the 2 cores had 5
+# stalls 4 or 5 batches apart, and got num_workers=4 or 5 in 3 runs of 60 (none of 30 with two
+# `yes`). More stalls required would lose the short recordings that have a count to find; the
+# collector records the count (and each batch's worker) where it matters.
 PERIOD_MIN_STALLS = 4
 PERIOD_GAP_SHARE = 0.75
 PERIOD_COVERAGE = 0.5
