@@ -58,6 +58,18 @@ SLOW_WORKER_WAIT_FACTOR = 4.0
 # workers) make it a slow worker too (a shard of slow files, a sampler that skews).
 SLOW_WORKER_P_VALUE = 0.01
 MIN_TAIL_FOR_TEST = 3
+# Without fetch times, a worker whose batches come late by less than this many times the
+# spread (interquartile range) of the main process's own compute per batch is not named slow
+# for it (stalls piling on it, below, still can: no recording here showed those from load).
+# That compute is the same work every batch: its spread is what other load on the host adds,
+# and on a busy host alike workers' batches come late on one worker too, the same one round
+# after round. Measured on 2-worker torch.profiler recordings of 25 batches (the late worker's
+# lead over the other's steady wait, over the spread): alike workers with four `yes` on the 2
+# cores 0.0-3.2 (8 of the 9 runs in 60 that got a worker count; the one at 1.7, 3.9 ms against
+# a 2.3 ms spread, was named slow before this rule; the ninth read a count of 5 from stalls
+# every 5 batches, rounds.PERIOD_MIN_STALLS, and named no finding); a worker 10-25 % slower
+# than the loop needs, with two `yes`, 5.4-35 (15 runs); 2x slower (30 ms a sample) 136-668.
+SLOW_WORKER_SPREAD_FACTOR = 4.0
 # CPU use over the cores at which the host counts as saturated: schedulers and monitoring
 # rarely let a busy host read higher.
 CPU_SATURATED_PERCENT = 90.0
@@ -160,7 +172,10 @@ def _slow_worker(model: PipelineModel, base: np.ndarray, tail_mask: np.ndarray) 
         others = float(np.max(np.delete(base, k)))
         first_in_line = k == 0  # each epoch starts the cycle at worker 0 (torch's _reset)
         floor = max(others, model.delivery_us + READY_SLACK_US)
-        if not first_in_line and base[k] >= SLOW_WORKER_WAIT_FACTOR * floor:
+        spread = _compute_spread_us(model)
+        evidence["compute_spread_s"] = round(spread / 1e6, 6)
+        if not first_in_line and base[k] >= SLOW_WORKER_WAIT_FACTOR * floor \
+                and base[k] - others >= SLOW_WORKER_SPREAD_FACTOR * spread:
             return k, evidence
     # Tail batches piling up on one worker.
     stalls = worker[tail_mask]
@@ -182,6 +197,14 @@ def _slow_worker(model: PipelineModel, base: np.ndarray, tail_mask: np.ndarray) 
             # (round-robin) are not the worker's fault unless its fetches are slower.
             return None, evidence
     return None, evidence
+
+
+def _compute_spread_us(model: PipelineModel) -> float:
+    """The interquartile range of the main process's compute per batch (SLOW_WORKER_SPREAD_FACTOR)."""
+    if not len(model.compute_us):
+        return 0.0
+    q75, q25 = np.percentile(model.compute_us, [75, 25])
+    return float(q75 - q25)
 
 
 def _slow_fetch(model: PipelineModel) -> np.ndarray:
