@@ -122,6 +122,36 @@ def test_one_slow_worker_shows_as_a_stall_every_two_batches(tmp_path):
     assert not {"more_workers", "use_workers"} & set(items)  # the slow worker is the fix
 
 
+class SlowSampleAt(Samples):
+    """Samples, one of which (`at`) takes `extra_s` more to load."""
+
+    def __init__(self, n, at, extra_s, **kwargs):
+        super().__init__(n, **kwargs)
+        self.at, self.extra_s = at, extra_s
+
+    def __getitem__(self, i):
+        if i == self.at:
+            time.sleep(self.extra_s)
+        return super().__getitem__(i)
+
+
+def test_a_slow_sample_stands_beyond_its_workers_spread(tmp_path):
+    """A slow worker 1 gives the count; one sample of worker 0 takes 150 ms more (batch 10: the
+    loop's books saw 26-36 ms of it in 9 runs, quiet and with two busy processes, the rest hidden
+    by the batches worker 0 had ready). It is a slow sample: beyond 2x its worker's steady wait
+    and beyond that wait's own spread (budget.TAIL_FENCE_IQRS)."""
+    loader = DataLoader(SlowSampleAt(48, 20, 0.15, sleep_s=0.03, slow_worker=1), batch_size=2, num_workers=2)
+    calls = profiled_run(tmp_path, loader, 0.01)
+    result = dashboard.analyze(str(tmp_path))
+    items = {r.id: r for r in result.recommendations}
+    assert items["slow_worker"].evidence["worker_id"] == 1
+    listed = [b["batch"] for b in items["slow_samples"].evidence["batches"]]
+    waits = [e - s for s, e in calls]
+    assert listed[0] == 10  # the longest listed (a busy host adds a short one now and then)
+    steady_worker_0 = [waits[i] for i in range(2, len(calls) - 1, 2) if i != 10]
+    assert waits[10] > 2 * sorted(steady_worker_0)[len(steady_worker_0) // 2] + 0.01
+
+
 def test_a_recording_that_saw_the_iterator_created_places_its_rounds_however_quick_its_first_batch(tmp_path):
     """Persistent workers, a shuffling sampler, and only the second epoch recorded, after a pause
     in which the workers readied their first batches: its first batch came about as quick as a

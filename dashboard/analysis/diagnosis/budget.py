@@ -48,6 +48,15 @@ PARTS = ("startup", "throughput", "imbalance", "tail", "main_process", "contenti
 # so that sub-millisecond jitter on ready batches is not a "slow sample".
 TAIL_FACTOR = 2.0
 TAIL_MIN_US = 2_000.0
+# Without fetch times to say the batch's own fetch was slow, a tail batch must also lie beyond
+# its worker's far-out fence (Tukey's: the third quartile of its steady waits plus this many
+# interquartile ranges). A worker a little too slow for the loop waits a little more or less
+# each round, and 2x its median is inside that spread: 2-worker torch.profiler recordings of
+# 25 batches with worker 1 10-25 % too slow, two `yes` on the 2 cores, had 2.2-8.8 ms waits
+# taken for slow samples in 8 runs of 20 (their spread: fences of 3-22 ms), 2 with the fence:
+# single 5 ms waits of the other worker, otherwise always ready (fences under 2.2 ms), which the
+# waits alone cannot tell from a slow sample. A slow sample of 150 ms stood beyond (tests).
+TAIL_FENCE_IQRS = 3.0
 # A worker is slow when its median service time is this many times the other workers'
 # (fetch events), or, without them, when its batches' steady wait is this many times the
 # others' (plus slack) and it is not first in line. Alike workers read within 1.3x of one
@@ -199,6 +208,18 @@ def _slow_worker(model: PipelineModel, base: np.ndarray, tail_mask: np.ndarray) 
     return None, evidence
 
 
+def _far_out_by_worker(values: np.ndarray, worker: np.ndarray, mask: np.ndarray, workers: int) -> np.ndarray:
+    """Per worker, Tukey's far-out fence of its values under mask (TAIL_FENCE_IQRS); -inf for a
+    worker without any."""
+    out = np.full(workers, -np.inf)
+    for w in range(workers):
+        mine = values[mask & (worker == w)]
+        if len(mine):
+            q25, q75 = np.percentile(mine, [25, 75])
+            out[w] = q75 + TAIL_FENCE_IQRS * (q75 - q25)
+    return out
+
+
 def _compute_spread_us(model: PipelineModel) -> float:
     """The interquartile range of the main process's compute per batch (SLOW_WORKER_SPREAD_FACTOR)."""
     if not len(model.compute_us):
@@ -283,6 +304,8 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
         tail_mask = steady & (g > np.maximum(TAIL_FACTOR * base, base + TAIL_MIN_US))
         if model.service_measured:
             tail_mask &= _slow_fetch(model)
+        else:
+            tail_mask &= g > _far_out_by_worker(g, worker, steady, workers)[worker]
         parts["startup"] = float(np.sum(excess[first_round]))
         parts["tail"] = float(np.sum(excess[tail_mask]))
         steady_wait = wait - parts["startup"] - parts["tail"]
