@@ -139,7 +139,7 @@ def test_a_slow_sample_stands_beyond_its_workers_spread(tmp_path):
     """A slow worker 1 gives the count; one sample of worker 0 takes 150 ms more (batch 10: the
     loop's books saw 26-36 ms of it in 9 runs, quiet and with two busy processes, the rest hidden
     by the batches worker 0 had ready). It is a slow sample: beyond 2x its worker's steady wait
-    and beyond that wait's own spread (budget.TAIL_FENCE_IQRS)."""
+    and beyond that wait's own spread (budget.TAIL_SPREAD_DEVIATIONS)."""
     loader = DataLoader(SlowSampleAt(48, 20, 0.15, sleep_s=0.03, slow_worker=1), batch_size=2, num_workers=2)
     calls = profiled_run(tmp_path, loader, 0.01)
     result = dashboard.analyze(str(tmp_path))
