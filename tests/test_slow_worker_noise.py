@@ -83,22 +83,16 @@ def test_a_shard_of_slow_batches_on_one_worker_names_it(tmp_path):
 @pytest.mark.parametrize("kwargs, planted", [
     # the same slow sample each epoch: a quarter of its worker's steady batches
     (dict(num_workers=4, slow_batches={(e, 9): 60_000 for e in range(3)}), 3),
-    # 8 workers, 20 batches an epoch: 4-5 steady batches a worker
+    # 8 workers, 20 batches an epoch: 3 steady batches for the planted one's worker
     (dict(num_workers=8, slow_batches={(1, 12): 60_000}), 1),
     (dict(num_workers=4, train_batches=10, slow_batches={(1, 6): 60_000}), 1),
+    # waits spread 0.1-6 ms: on their logarithms the limit was a multiple of their median, 41 ms
+    (dict(getnext_us=(100, 6_000), slow_batches={(1, 12): 35_000}), 1),
 ])
 def test_a_slow_sample_is_found_however_few_its_workers_batches(tmp_path, kwargs, planted):
     result, found, workers = _planted(tmp_path, **kwargs)
     assert len(workers) == planted
     items = {r.id: r for r in result.recommendations}
     listed = items["slow_samples"].evidence["batches"]
-    assert len(listed) == planted and all(b["duration_s"] >= 0.06 for b in listed)
+    assert len(listed) == planted and all(b["duration_s"] >= 0.035 for b in listed)
 
-
-def test_a_slow_worker_of_a_loop_whose_compute_varies_by_itself_is_named(tmp_path):
-    # Steps of 5-45 ms: their spread is the job's, not the host's. Worker 1's batches wait 40 ms
-    # more than worker 0's, more than a whole median step: it is slow whatever the spread.
-    result, found, _ = _planted(tmp_path, step_us=(5_000, 45_000), slow_worker=1, slow_worker_factor=40)
-    assert found.evidence["compute_spread_s"] > 0.01
-    assert found.slow_worker == 1
-    assert "slow_worker" in {r.id for r in result.recommendations}
