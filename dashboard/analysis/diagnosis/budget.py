@@ -61,16 +61,17 @@ TAIL_MIN_US = 2_000.0
 # kept in tests/recordings/). The median and its deviation stand while fewer than half of the
 # batches are slow: Tukey's fence (the third quartile plus 3 interquartile ranges) rose above
 # the slow batches where a quarter of a worker's were (a shard of slow files, the same slow
-# sample each epoch), and above any batch of a worker with 4 steady batches or fewer. (On the waits' logarithms the
-# limit is a multiple of the median: 56 ms on that recording, hiding a 40 ms sample. With 3
-# deviations, its 4.8 and 5.3 ms waits passed; 5 leaves them inside.) Where more than half of a
-# worker's waits are equal (a coarse timer) the deviation is 0 and the rule above decides.
+# sample each epoch), and above any batch of a worker with 4 steady batches or fewer. (On the
+# waits' logarithms the limit is a multiple of the median: 56 ms on that recording, hiding a
+# 40 ms sample. With 3 deviations, its 4.8 and 5.3 ms waits passed; 5 leaves them inside.)
+# Where more than half of a worker's waits are equal (a coarse timer) the deviation is 0 and
+# the rule above decides.
 TAIL_SPREAD_DEVIATIONS = 5.0
 # A worker is slow when its median service time is this many times the other workers'
 # (fetch events), or, without them, when its batches' steady wait is this many times the
 # others' (plus slack), it is not first in line, and it leads the others by more than
-# SLOW_WORKER_SPREAD_FACTOR allows. Alike workers read within 1.3x of one
-# another on the collector's fetch times in the scenario runs; 2x leaves room for noise.
+# SLOW_WORKER_SPREAD_FACTOR allows. Alike workers read within 1.3x of one another on the
+# collector's fetch times in the scenario runs; 2x leaves room for noise.
 SLOW_WORKER_FACTOR = 2.0
 SLOW_WORKER_WAIT_FACTOR = 4.0
 # Tail batches concentrated on one worker beyond chance (binomial, Bonferroni over the
@@ -225,16 +226,16 @@ def _slow_worker(model: PipelineModel, base: np.ndarray, tail_mask: np.ndarray) 
     return None, evidence
 
 
-def _beyond_spread_by_worker(values: np.ndarray, worker: np.ndarray, mask: np.ndarray, workers: int) -> np.ndarray:
-    """Per worker, its values' median under mask plus TAIL_SPREAD_DEVIATIONS robust standard
-    deviations of them; -inf for a worker without any."""
-    out = np.full(workers, -np.inf)
-    for w in range(workers):
+def _beyond_spread(values: np.ndarray, worker: np.ndarray, mask: np.ndarray, medians: np.ndarray) -> np.ndarray:
+    """Per worker, its values' median under mask (`medians`, _per_worker_median's) plus
+    TAIL_SPREAD_DEVIATIONS robust standard deviations of them (1.4826 x the median absolute
+    deviation; none for a worker without values, whose median is the others')."""
+    deviation = np.zeros(len(medians))
+    for w in range(len(medians)):
         mine = values[mask & (worker == w)]
         if len(mine):
-            median = np.median(mine)
-            out[w] = median + TAIL_SPREAD_DEVIATIONS * 1.4826 * np.median(np.abs(mine - median))
-    return out
+            deviation[w] = np.median(np.abs(mine - medians[w]))
+    return medians + TAIL_SPREAD_DEVIATIONS * 1.4826 * deviation
 
 
 def _compute_spread_us(model: PipelineModel) -> float:
@@ -322,7 +323,7 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
         if model.service_measured:
             tail_mask &= _slow_fetch(model)
         else:
-            tail_mask &= g > _beyond_spread_by_worker(g, worker, steady, workers)[worker]
+            tail_mask &= g > _beyond_spread(g, worker, steady, base_by_worker)[worker]
         parts["startup"] = float(np.sum(excess[first_round]))
         parts["tail"] = float(np.sum(excess[tail_mask]))
         steady_wait = wait - parts["startup"] - parts["tail"]

@@ -21,8 +21,8 @@ in its epoch, which a trace gives only as far as it shows the epoch begin:
   on.) Where the stalls' place in the round moves for good (ROUND_MOVED_STALLS stalls in a
   row) in a recording seen from its start and made of whole epochs of that length, a new
   epoch began, and the batches from there are numbered from it (alike workers' stalls move
-  too, as they drift apart: _first_move, _whole_epochs); where the recording began mid-epoch, the place of
-  the stalls in the epochs seen from their start names its batches' workers.
+  too, as they drift apart: _first_move, _whole_epochs); where the recording began mid-epoch,
+  the place of the stalls in the epochs seen from their start names its batches' workers.
 Where the rounds cannot be placed (no epoch seen from its start, or stalls that share no
 place) there is no count: the waiting is not split among the workers
 (budget.unmodelled_budget), and no finding names a worker or a worker count.
