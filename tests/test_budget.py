@@ -231,3 +231,36 @@ def test_a_per_batch_measure_the_trial_lacks_holds_no_memory_and_a_measured_one_
         else:
             assert model.service_measured and model.handover_us.strides == (8,)
             assert model.handover_us == pytest.approx(np.full(n, 300.0))  # each batch's, as planted
+
+
+def _slow_samples_job(folder, init_args: dict) -> None:
+    """Two workers that keep up, but for a slow sample every tenth batch of worker 1."""
+    plant(folder, epochs=2, batches=40, num_workers=2, init_args=init_args,
+          getnext_us=lambda epoch, batch, worker: 90_000 if worker == 1 and batch % 10 == 1 else 600)
+
+
+def test_a_prefetch_factor_torch_accepts_is_analyzed_and_its_what_ifs_stay_within_bounds(tmp_path):
+    # torch takes any prefetch_factor; the what-if takes at most MAX_PREFETCH (64). The slow-samples
+    # finding tries deeper prefetch (2x and 4x today's): 66 failed the whole analysis.
+    from dashboard.what_if_settings import MAX_PREFETCH
+
+    _slow_samples_job(str(tmp_path / "t"), {fmt.ARG_PREFETCH: 33})
+    result = dashboard.analyze(str(tmp_path / "t"))
+    (budget,) = result.budget
+    assert budget.evidence["prefetch_factor"] == 33
+    (found,) = [r for r in result.recommendations if r.id == "slow_samples"]
+    tried = [dict(item.split("=") for item in key.split(", ")) for key in found.evidence["tried"]]
+    assert {"prefetch_factor": str(MAX_PREFETCH)} in tried, tried
+    assert all(int(t["prefetch_factor"]) <= MAX_PREFETCH for t in tried if "prefetch_factor" in t), tried
+
+
+@pytest.mark.parametrize("recorded", [-3, 5_000_000])
+def test_a_worker_count_no_dataloader_has_is_ignored_and_the_count_inferred(tmp_path, recorded):
+    # A damaged init event: -3 failed the whole analysis, 5,000,000 sized its per-worker arrays
+    # (a 180 kB trial took a minute). The GetNexts name workers 0 and 1: two.
+    _slow_samples_job(str(tmp_path / "t"), {fmt.ARG_NUM_WORKERS: recorded})
+    result = dashboard.analyze(str(tmp_path / "t"))
+    (budget,) = result.budget
+    assert budget.loader.endswith("(num_workers=2)"), budget.loader
+    assert budget.evidence["num_workers"] == 2
+    assert "slow_samples" in [r.id for r in result.recommendations], result.recommendations

@@ -54,10 +54,12 @@ class Planted:
 def plant(folder, *, epochs=1, batches=40, num_workers=2, persistent=True, cls=MP, init_us=30_000,
           first_us=2_000, getnext_us=lambda epoch, batch, worker: 500, step_us=50_000,
           pin_memory=True, host=1, cpu_percent=40.0, cores=4, iowait=lambda t_us: 0.5, gpus=0,
-          fetch_us=None, fetch_ready_us=0, system=True) -> Planted:
+          fetch_us=None, fetch_ready_us=0, system=True, init_args=None) -> Planted:
     """A one-process training job: per epoch an init (unless persistent after the first),
     then GetNext + train step per batch, batch b served by worker b mod num_workers; each
-    fetch (fetch_us, when given) ends fetch_ready_us before its GetNext ends."""
+    fetch (fetch_us, when given) ends fetch_ready_us before its GetNext ends. init_args: more
+    arguments of each init (settings the collector records, e.g. prefetch_factor), over the
+    others."""
     node = fmt.framework_node_id(MAIN_PID, host)
     writer = TraceWriter(folder, node, start_time_us=START_US, rotate_s=3600)
     planted = Planted(folder)
@@ -66,7 +68,7 @@ def plant(folder, *, epochs=1, batches=40, num_workers=2, persistent=True, cls=M
         if epoch == 0 or not persistent:
             writer.complete(fmt.PHASE_INIT, fmt.init_event_name(cls), t, t + init_us,
                             {fmt.ARG_PID: MAIN_PID, fmt.ARG_NUM_WORKERS: num_workers,
-                             fmt.ARG_PIN_MEMORY: pin_memory, fmt.ARG_STEP: "-1"})
+                             fmt.ARG_PIN_MEMORY: pin_memory, fmt.ARG_STEP: "-1", **(init_args or {})})
             planted.inits.append((t, t + init_us))
             t += init_us
         for batch in range(batches):

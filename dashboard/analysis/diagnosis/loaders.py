@@ -37,6 +37,12 @@ from ..dataloader import (CallSegments, call_segments, ints_or, iterator_class, 
 
 # Torch's default prefetch_factor with workers (DataLoader.__init__).
 TORCH_DEFAULT_PREFETCH = 2
+# A recorded worker count beyond these is a damaged value, not a DataLoader's (torch refuses a
+# negative one; a host runs no thousands of worker processes for one loader): it is ignored,
+# and the count found as where none was recorded (the GetNexts' own, the workers they name). Kept,
+# 5,000,000 sized the model's per-worker arrays and loops (a 180 kB trial took 60-84 s), and -3
+# failed the whole analysis. The same for a prefetch_factor below torch's least, 1.
+MAX_RECORDED_WORKERS = 4096
 _EVAL_RE = re.compile(r"EVAL|PREDICT", re.IGNORECASE)
 _FAR = 2**62  # "no next GetNext"
 # The calls frame's columns read only while the processes and their loaders are found (each
@@ -374,6 +380,11 @@ def _optional(value, kind):
     return None if value is None or pd.isna(value) else kind(value)
 
 
+def _plausible(values: pd.Series, low: float, high: float) -> pd.Series:
+    """The recorded values, missing where outside [low, high] (see MAX_RECORDED_WORKERS)."""
+    return values.where(((values >= low) & (values <= high)).fillna(False))
+
+
 def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
     """Per training iterator (segment): its process, class and DataLoader settings, from
     the latest initialization of its class on its process before its first GetNext
@@ -391,8 +402,9 @@ def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
                                 on="start_us", by=["pid", "cls"], direction="backward")
     else:
         matched = firsts.assign(**{c: pd.NA for c in columns[3:]}, init_start_us=pd.NA)
-    workers = matched["num_workers"].astype("Float64")
-    seen = matched["num_workers_seen"].astype("Float64")
+    workers = _plausible(matched["num_workers"].astype("Float64"), 0, MAX_RECORDED_WORKERS)
+    seen = _plausible(matched["num_workers_seen"].astype("Float64"), 0, MAX_RECORDED_WORKERS)
+    matched["prefetch_factor"] = _plausible(matched["prefetch_factor"].astype("Float64"), 1, np.inf)
     ids = matched["max_worker"].astype("Float64")
     # No init: the GetNexts' own count, else at least as many workers as the ids name.
     workers = workers.fillna(seen).fillna(ids.where(ids >= 0) + 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....what_if_settings import MAX_PREFETCH, MAX_WORKERS
 from ..budget import TAIL_FACTOR
 from ....display import duration_s
 from .base import LoaderContext, Recommendation, batch_list, predicted_text
@@ -17,8 +18,11 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     if model is None or not loader.multi_process or not ctx.worth(part):
         return []
     workers, prefetch = loader.num_workers, loader.prefetch_factor
-    candidates = [{"prefetch_factor": 2 * prefetch}, {"prefetch_factor": 4 * prefetch},
-                  {"num_workers": 2 * workers}]
+    # More than today's, within what a what-if may ask (a loader with prefetch_factor=33, which
+    # torch accepts, made the analysis fail on its 66).
+    candidates = ([{"prefetch_factor": p} for p in sorted({min(2 * prefetch, MAX_PREFETCH),
+                                                          min(4 * prefetch, MAX_PREFETCH)}) if p > prefetch]
+                  + [{"num_workers": w} for w in (min(2 * workers, MAX_WORKERS),) if w > workers])
     if loader.in_order:
         candidates.append({"in_order": False})
     tried = [ctx.what_if(c) for c in candidates]

@@ -4,6 +4,7 @@ Reads the budget's `throughput` and `main_process` parts; the worker count is th
 smallest the what-if finds to give nearly all of the best saving."""
 from __future__ import annotations
 
+from ....what_if_settings import MAX_WORKERS
 from ..budget import cores_saturated
 from ..verdict import MODERATELY_INPUT_BOUND_PERCENT
 from ....display import duration_s
@@ -144,16 +145,17 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     saturated = budget.bound == "cpu" and cores_saturated(cpu, cores)
     if saturated or chosen is None or not ctx.worth(chosen.saving_s) or chosen.saving_s < MEANINGFUL_SHARE * part:
         if budget.bound == "cpu":
-            doubled = ctx.predict({"num_workers": 2 * workers})
+            more = min(2 * workers, MAX_WORKERS)  # (what a what-if may ask: see tail.py)
+            doubled = ctx.predict({"num_workers": more}) if more > workers else None
             text = (f"{loader.label} on {ctx.process.label}: the workers cannot keep up "
                     f"({duration_s(part)} of steady waiting) and the CPUs are the limit ({host}; {why}): "
                     f"more workers will not help, or only by taking cores from the other processes on it."
                     + _handoff_text(budget.evidence)
-                    + predicted_text(doubled).replace("Predicted:", f"Predicted with num_workers={2 * workers}:")
+                    + predicted_text(doubled).replace("Predicted:", f"Predicted with num_workers={more}:")
                     + " Make per-sample work cheaper (decode smaller images, lighter augmentation, a faster "
                     "decoder), cache decoded or preprocessed samples, or move decoding and augmentation to "
                     "the GPU (e.g. NVIDIA DALI, `torchvision.io.decode_jpeg(device='cuda')`).")
-            evidence["more_workers_predicted"] = doubled.predicted
+            evidence["more_workers_predicted"] = None if doubled is None else doubled.predicted
             return [ctx.recommend("cpu_saturated", text, evidence, part, None)]
         return []
     suggested = chosen.change["num_workers"]
