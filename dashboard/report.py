@@ -330,6 +330,7 @@ def comparison_dict(comparison) -> dict:
                       "saving_s_b": _num(f.saving_s_b)} for f in comparison.findings],
         "predicted": None if comparison.predicted is None else {
             "change": _jsonable(comparison.predicted["change"]),
+            "fixes": _jsonable(comparison.predicted["fixes"]),
             "training_s": _num(comparison.predicted["training_s"]),
             "wait_fraction": _num(comparison.predicted["wait_fraction"])},
         "achieved": {key: _num(value) for key, value in comparison.achieved.items()},
@@ -406,13 +407,21 @@ def compare_text(a: TrialAnalysis, b: TrialAnalysis, comparison=None) -> str:
     if predicted is None:
         lines.append(f"Predicted: none ({comparison.note})")
     else:
-        change = ", ".join(f"{k}={v}" for k, v in predicted["change"].items())
-        lines.append(f"Predicted by A's what-if with {change}: training {duration_s(predicted['training_s'])}, "
+        lines.append(f"Predicted by {prediction_basis(predicted)}: training {duration_s(predicted['training_s'])}, "
                      f"waiting {_fraction_text(predicted['wait_fraction'])} of training")
     lines.append(f"Achieved by B: training {duration_s(achieved['training_s'])}, waiting "
                  f"{_fraction_text(achieved['wait_fraction'])} of training")
     lines += ["", "=== A ==="] + _summary_lines(data["a"], a) + ["=== B ==="] + _summary_lines(data["b"], b)
     return "\n".join(lines)
+
+
+def prediction_basis(predicted: dict) -> str:
+    """What a comparison's prediction is of: "A's what-if with num_workers=8", or A's findings
+    for the slow workers B no longer has."""
+    if predicted["change"]:
+        return "A's what-if with " + ", ".join(f"{k}={v}" for k, v in predicted["change"].items())
+    return "A's " + "; ".join(f"{fix['finding']} finding (worker {fix['worker_id']} of {fix['loader']} on "
+                              f"{fix['node']} made as fast as the others)" for fix in predicted["fixes"])
 
 
 def _fraction_text(value: float | None) -> str:

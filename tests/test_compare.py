@@ -125,9 +125,10 @@ def test_compare_json_says_what_changed_and_that_startup_dropped(runs, compared)
 
 def test_predicted_and_achieved_both_appear_and_agree(runs, compared):
     predicted, achieved = compared["predicted"], compared["achieved"]
-    assert set(predicted) == {"change", "training_s", "wait_fraction"} and set(achieved) == {"training_s",
-                                                                                             "wait_fraction"}
+    assert set(predicted) == {"change", "fixes", "training_s", "wait_fraction"} and set(achieved) == {
+        "training_s", "wait_fraction"}
     assert predicted["change"] == CHANGE  # B's settings, replayed on A
+    assert predicted["fixes"] == []  # (a setting changed: no finding's fix of the job itself is predicted)
     # Predicted: A's what-if for that change; achieved: what B measured, as its books have it.
     b_books = runs.b.books
     assert achieved["training_s"] == pytest.approx(b_books["training_s"], abs=training_tolerance_s(runs.b))

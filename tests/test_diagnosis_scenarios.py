@@ -49,6 +49,7 @@ import pytest
 
 import dashboard
 from dashboard import format as fmt
+from dashboard.display import duration_s
 from dashboard.analysis.diagnosis.findings import MIN_SHARE_OF_JOB
 from tests.conftest import ROOT
 
@@ -716,6 +717,49 @@ def test_the_fix_does_what_its_finding_predicts(jobs, fault):
     assert compared["predicted_fraction"] == pytest.approx(compared["fixed_fraction"], abs=WAIT_FRACTION_TOLERANCE), (
         shown)
     assert predicted_s == pytest.approx(fixed_s, rel=TRAINING_RELATIVE_TOLERANCE), shown
+
+
+def test_a_slow_worker_made_as_fast_as_the_others_saves_what_its_finding_predicts(jobs):
+    """The slow_worker finding's first change is in the Dataset, not in a setting: the worker made
+    as fast as the others. Its prediction (evidence `fixed_worker_predicted`, in the text) is
+    checked as the settings' are, against re-runs with the worker fixed (--slow-factor 1)."""
+    def as_fast(planted):
+        return None, ("--slow-factor", "1")
+
+    # Means of runs in the order A B B A (see 'means of runs' among the tolerances), on one host load.
+    planted, *fixed, last = jobs.steady("slow_worker", as_fast, as_fast, again)
+    predictions = []
+    for run in (planted, last):
+        found = finding(run.result, "slow_worker")
+        predicted = found.evidence["fixed_worker_predicted"]
+        assert f"training {duration_s(run.result.budget[0].training_s)} -> {duration_s(predicted['training_s'])}" in (
+            found.text), found.text
+        predictions.append(predicted)
+    mean = statistics.mean
+    planted_s = mean(run.books["training_s"] for run in (planted, last))
+    fixed_s = mean(run.books["training_s"] for run in fixed)
+    predicted_s = mean(p["training_s"] for p in predictions)
+    shown = str({"planted_s": planted_s, "fixed_s": fixed_s, "predicted_s": predicted_s, "predicted": predictions,
+                 "books": [(run.books["wait_s"], run.books["training_s"]) for run in (planted, *fixed, last)]})
+    assert abs(predicted_s - fixed_s) < abs(planted_s - fixed_s), shown
+    assert mean(p["wait_fraction"] for p in predictions) == pytest.approx(
+        mean(run.wait_fraction for run in fixed), abs=WAIT_FRACTION_TOLERANCE), shown
+    assert predicted_s == pytest.approx(fixed_s, rel=TRAINING_RELATIVE_TOLERANCE), shown
+    # `compare` A B, no setting changed: it compares B with A's prediction for the worker B no
+    # longer has slow, and says so.
+    from dashboard.report import compare_text
+
+    comparison = dashboard.compare(planted.result, fixed[0].result)
+    assert "slow_worker" not in ids(fixed[0].result), ids(fixed[0].result)
+    assert comparison.settings_changed == [], comparison.settings_changed
+    assert comparison.predicted["change"] == {}, comparison.predicted
+    assert [(fix["finding"], fix["worker_id"]) for fix in comparison.predicted["fixes"]] == [
+        ("slow_worker", planted.books["settings"]["slow_worker_id"])], comparison.predicted
+    assert comparison.predicted["training_s"] == pytest.approx(predictions[0]["training_s"], abs=1e-6)
+    assert comparison.achieved["training_s"] == pytest.approx(fixed[0].books["training_s"],
+                                                              abs=training_tolerance_s(fixed[0]))
+    assert (f"Predicted by A's slow_worker finding (worker {planted.books['settings']['slow_worker_id']} of "
+            in compare_text(planted.result, fixed[0].result, comparison))
 
 
 def ab_means(today: list[Run], changed: list[Run], change: dict) -> dict:

@@ -4,7 +4,8 @@
         .delta              B minus A: training time, wait (GetNext) and input-bound percent
         .settings_changed   per training loader, the DataLoader settings that differ
         .findings           each finding of either run: resolved, remaining or new
-        .predicted          A's what-if for B's changed settings (None: nothing to predict)
+        .predicted          A's what-if for B's changed settings; where none changed, A's
+                            predictions for the slow workers B no longer has (None: nothing to predict)
         .achieved           what B measured, on the same basis as the prediction
 
 Loaders are matched by process and iterator class (the loader's label also names its worker
@@ -32,6 +33,7 @@ NOT_RECORDED = "not recorded"
 # pin_memory (WHAT_IF_KEYS).
 SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "in_order", "persistent_workers")
 RESOLVED, REMAINING, NEW = "resolved", "remaining", "new"
+SLOW_WORKER = "slow_worker"  # the finding whose fix, the worker made as fast as the others, A predicts
 # A budget's loader label is '<iterator class> (num_workers=...)' (diagnosis.loaders.Loader.label).
 
 
@@ -79,7 +81,7 @@ class Comparison:
     delta: dict  # training_s, wait_s, input_percent: B - A (None where a run has no verdict)
     settings_changed: list[SettingChange]
     findings: list[FindingStatus]
-    predicted: dict | None  # change, training_s, wait_fraction
+    predicted: dict | None  # change, fixes, training_s, wait_fraction
     achieved: dict  # training_s, wait_fraction
     loaders: list[LoaderPair]
     note: str = ""  # why there is no prediction, when there is none
@@ -184,12 +186,16 @@ def _fraction(wait_s: float, training_s: float) -> float | None:
     return round(wait_s / training_s, 6) if training_s > 0 else None
 
 
-def _predicted(a: Side, pairs: list[LoaderPair]) -> tuple[dict | None, str]:
+def _predicted(a: Side, b: Side, pairs: list[LoaderPair]) -> tuple[dict | None, str]:
     """A's what-if for B's settings: each changed loader of A replayed with its change, the
-    others as they are; together, as the budgets add up."""
+    others as they are; together, as the budgets add up. Where no setting changed, A's
+    predictions for the slow workers B no longer has (_fixes_predicted)."""
     budget = a.assessment.budget
     changes = {id(pair.a): what_if_change(pair) for pair in pairs if pair.a is not None}
     if not any(changes.values()):
+        fixed = _fixes_predicted(a, b, pairs)
+        if fixed is not None:
+            return fixed, ""
         return None, "no DataLoader setting the what-if replays differs between the runs (where both record it)"
     predictions: dict[tuple, list] = {}
     training = wait = 0.0
@@ -212,7 +218,41 @@ def _predicted(a: Side, pairs: list[LoaderPair]) -> tuple[dict | None, str]:
         training += then["training_s"]
         wait += then["wait_fraction"] * then["training_s"]
         merged.update(change)
-    return {"change": merged, "training_s": round(training, 6), "wait_fraction": _fraction(wait, training)}, ""
+    return {"change": merged, "fixes": [], "training_s": round(training, 6), "wait_fraction": _fraction(wait, training)}, ""
+
+
+def _slow_worker_finding(side: Side, item: LoaderBudget):
+    """The side's slow_worker finding about that training loader (None: it has none)."""
+    for found in side.assessment.recommendations:
+        ev = found.evidence
+        if (found.id == SLOW_WORKER and ev.get("process") == item.process and ev.get("loader") == item.iterator
+                and ev.get("num_workers") == item.evidence.get("num_workers")):
+            return found
+    return None
+
+
+def _fixes_predicted(a: Side, b: Side, pairs: list[LoaderPair]) -> dict | None:
+    """Where no DataLoader setting changed: A's loaders with a slow worker that B's counterpart
+    no longer has (the job itself was changed: its data, its sampler), each as A's finding
+    predicted it with the worker made as fast as the others, the others as they are; None when
+    there is none."""
+    training = wait = 0.0
+    fixes = []
+    for pair in pairs:
+        if pair.a is None:
+            continue
+        found = _slow_worker_finding(a, pair.a)
+        if found is None or pair.b is None or _slow_worker_finding(b, pair.b) is not None:
+            training, wait = training + pair.a.training_s, wait + pair.a.wait_s
+            continue
+        then = found.evidence["fixed_worker_predicted"]
+        training += then["training_s"]
+        wait += then["wait_fraction"] * then["training_s"]
+        fixes.append({"finding": SLOW_WORKER, "node": pair.node, "loader": pair.a.loader,
+                      "worker_id": found.evidence["worker_id"]})
+    if not fixes:
+        return None
+    return {"change": {}, "fixes": fixes, "training_s": round(training, 6), "wait_fraction": _fraction(wait, training)}
 
 
 def _achieved(b: Side) -> dict:
@@ -256,5 +296,5 @@ def _findings(a: Side, b: Side) -> list[FindingStatus]:
 def compare(a: Side, b: Side) -> Comparison:
     """B against A (A: the run before the change)."""
     pairs = _pairs(a, b)
-    predicted, note = _predicted(a, pairs)
+    predicted, note = _predicted(a, b, pairs)
     return Comparison(_delta(a, b), _changes(pairs), _findings(a, b), predicted, _achieved(b), pairs, note)

@@ -13,7 +13,7 @@ from dash import dcc, html
 
 from ..analysis.compare import NOT_RECORDED, Comparison
 from ..display import duration_s
-from ..report import CLASS_WORDS, PART_WORDS, saving_text, signed_duration
+from ..report import CLASS_WORDS, PART_WORDS, prediction_basis, saving_text, signed_duration
 from . import figures, views
 
 STATUS_WORDS = {"resolved": "resolved", "remaining": "remaining", "new": "new"}
@@ -102,6 +102,7 @@ def compare_data(view_a: views.TrialView, view_b: views.TrialView, comparison: C
                       "saving_b": saving_text(f.saving_s_b), "text": f.text_a or f.text_b or ""}
                      for f in comparison.findings],
         "predicted_change": views.change_text(comparison.predicted["change"]) if comparison.predicted else "",
+        "predicted_basis": prediction_basis(comparison.predicted) if comparison.predicted else "",
         "prediction": prediction_rows(comparison),
         "note": comparison.note,
     }
@@ -142,7 +143,8 @@ def compare_component(data: dict, ids) -> list:
     if prediction:
         predicted_block = [
             html.P(["A's what-if with ", html.Code(data["predicted_change"]), " (B's settings), beside what B "
-                    "measured:"], className="hint"),
+                    "measured:"] if data["predicted_change"] else [data["predicted_basis"], ", beside what B measured:"],
+                   className="hint"),
             html.Table(id=ids.COMPARE_PREDICTION, className="compare-table", children=[
                 html.Thead(html.Tr([html.Th(""), html.Th("predicted"), html.Th("achieved"), html.Th("difference")])),
                 html.Tbody([html.Tr(**{"data-key": row["key"]}, children=[

@@ -51,9 +51,22 @@ def _fraction(wait_s: float, training_s: float) -> float:
     return round(wait_s / training_s, 6) if training_s > 0 else 0.0
 
 
+def today(budget: LoaderBudget) -> dict:
+    """What a prediction starts from: the loader's measured wait fraction and training time."""
+    return {"wait_fraction": _fraction(budget.wait_s, budget.training_s), "training_s": budget.training_s}
+
+
+def without_wait(budget: LoaderBudget, seconds: float) -> dict:
+    """The prediction for a change that removes `seconds` of the loader's wait and nothing
+    else (a slow worker made as fast as the others): the loop's compute stays, so training
+    falls as much."""
+    wait, training = max(budget.wait_s - seconds, 0.0), max(budget.training_s - seconds, 1e-9)
+    return {"wait_fraction": _fraction(wait, training), "training_s": round(training, 6)}
+
+
 def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> WhatIf:
     change = validate(change)
-    now = {"wait_fraction": _fraction(budget.wait_s, budget.training_s), "training_s": budget.training_s}
+    now = today(budget)
     if model is None:
         return WhatIf(budget.node, budget.process, budget.loader, change, now, None,
                       "the trial does not record this loader's num_workers: it cannot be replayed")

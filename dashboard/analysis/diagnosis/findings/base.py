@@ -67,10 +67,16 @@ class LoaderContext:
 def predicted_text(result: WhatIf | None) -> str:
     if result is None or result.predicted is None:
         return ""
-    now, then = result.now, result.predicted
-    return (f" Predicted: waiting {100 * now['wait_fraction']:.1f} % -> {100 * then['wait_fraction']:.1f} % "
+    return prediction_sentence(result.now, result.predicted)
+
+
+def prediction_sentence(now: dict, then: dict, lead: str = "Predicted") -> str:
+    """A prediction's sentence: `now` and `then` as a WhatIf's ({"wait_fraction", "training_s"})."""
+    saving = round(now["training_s"] - then["training_s"], 6)
+    return (f" {lead}: waiting {100 * now['wait_fraction']:.1f} % -> {100 * then['wait_fraction']:.1f} % "
             f"of training, training {duration_s(now['training_s'])} -> {duration_s(then['training_s'])} "
-            f"(saves {duration_s(max(result.saving_s, 0.0))}).")
+            f"(saves {duration_s(max(saving, 0.0))}).")
+
 
 
 def batch_list(calls: pd.DataFrame, rows) -> list[dict]:
