@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -53,6 +54,8 @@ def _analyze(args) -> int:
                 _write(output)
                 return 0
         result = _analysis(args, whole_job, store, files)
+        if _scope_is_empty(args, result):
+            return 2
     except TrialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -71,6 +74,28 @@ def _analyze(args) -> int:
     if key is not None and result.trial.report.complete:
         results.put(key, output)
     return 0
+
+
+def _scope_is_empty(args, result, path: str | None = None) -> bool:
+    """Whether --node / --rank matched no event of the trial (a mistyped host or rank); says so
+    on stderr. Not an answer to print, nor one to keep: the trial has no such part."""
+    if (args.node is None and args.rank is None) or not result.trial.framework.empty:
+        return False
+    scope = " ".join(f"--{k} {v}" for k, v in (("node", args.node), ("rank", args.rank)) if v is not None)
+    print(f"error: {path or args.trial}: no events of {scope}", file=sys.stderr)
+    return True
+
+
+def _outlier_factor(text: str) -> float:
+    """--outlier-factor: a finite number above 1 (an outlier lies above that x the median; at 1
+    or less every value at the median or above would be one, NaN or inf none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 1, not {text}")
+    return value
 
 
 def _analyze_options(args, what_if: list[dict], whole_job: bool) -> dict:
@@ -143,9 +168,7 @@ def _compare(args) -> int:
         result, status = _load_or_fail(path, lambda p: analyze(p, node=args.node, rank=args.rank, **limits))
         if result is None:
             return status
-        if (args.node is not None or args.rank is not None) and result.trial.framework.empty:
-            scope = " ".join(f"--{k} {v}" for k, v in (("node", args.node), ("rank", args.rank)) if v is not None)
-            print(f"error: {path}: no events of {scope}", file=sys.stderr)
+        if _scope_is_empty(args, result, path):
             return 2
         results.append(result)
     comparison, status = _load_or_fail(args.b, lambda _: compare(*results))
@@ -203,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
     analyze.add_argument("--node", help="only this host (e.g. algo-1), or one process by its id (e.g. 3-algo-1)")
     analyze.add_argument("--rank", type=int, help="only this training rank")
-    analyze.add_argument("--outlier-factor", type=float, default=2.0,
+    analyze.add_argument("--outlier-factor", type=_outlier_factor, default=2.0,
                          help="an outlier is a value above this x the median (default 2)")
     analyze.add_argument("--what-if", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                          help="predict the wait and training time with changed DataLoader settings "

@@ -71,6 +71,29 @@ def test_analyze_errors_are_one_line(tmp_path):
     assert done.stderr.count("\n") == 1 and "missing" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_node_or_rank_the_trial_lacks_is_an_error_and_no_kept_answer(trial_dir, tmp_path):
+    # A mistyped host printed "no verdict: no GetNext events" with exit 0, and --cache-dir kept
+    # that as the answer. compare already refused it; analyze does the same now.
+    folder, _ = trial_dir
+    cache = str(tmp_path / "cache")
+    for scope in (("--node", "algo-9"), ("--rank", "3"), ("--node", "algo-1", "--rank", "3")):
+        done = run_app("analyze", folder, "--json", "--cache-dir", cache, *scope)
+        assert done.returncode == 2 and done.stdout == "", (scope, done.stdout)
+        assert done.stderr == f"error: {folder}: no events of {' '.join(scope)}\n", done.stderr
+    kept = os.path.join(cache, "results")  # (dashboard/result_cache.py's folder of answers)
+    assert not os.path.isdir(kept) or not os.listdir(kept), os.listdir(kept)
+    done = run_app("analyze", folder, "--json", "--cache-dir", cache, "--node", "algo-2")
+    assert done.returncode == 0 and json.loads(done.stdout)["nodes"] == ["algo-2"], done.stderr
+
+
+@pytest.mark.parametrize("factor", ["nan", "inf", "0", "-1", "1", "x"])
+def test_an_outlier_factor_that_flags_all_or_nothing_is_refused(trial_dir, factor):
+    folder, _ = trial_dir
+    done = run_app("analyze", folder, "--outlier-factor", factor)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert "--outlier-factor" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_s3_gives_identical_results(trial_dir, s3_client, s3_endpoint):
     folder, _ = trial_dir
     upload_folder(s3_client, folder, "trials", "job-1/profiler-output")
