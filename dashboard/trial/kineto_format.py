@@ -52,6 +52,8 @@ Kept events, and what they become (so the existing `classify` and analyses apply
   a single-process DataLoader's `__next__`: only events not nested in another kept
   event of the same thread are kept, so no wait is counted twice. torch 2.x names pipe
   events `<Pipe>(<args>)`, which cannot be told from other annotations; they are not kept.
+  A DataLoader `__next__` that spans its loader's next one has a wrong duration: it is skipped
+  (and reported), not kept to swallow the calls after it (_outermost).
 """
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ import pyarrow as pa
 from .. import format as fmt
 from .frames import FRAMEWORK_ARROW_SCHEMA
 from .smdebug_format import (_MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number,
-                             place_in_time)
+                             gunzip_pieces, place_in_time)
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
 # Any other JSON file may be a trace too (`prof.export_chrome_trace("trace.json")`, HTA's
@@ -89,7 +91,8 @@ NOT_RECORDED = ("initialization", "workers", "worker_id")
 DEFAULT_HOST = "algo-1"
 NOT_A_TRACE = "not a PyTorch profiler trace"  # how the refusal of a JSON file that is not one begins
 
-GETNEXT_PREFIXES = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
+LOADER_PREFIX = "enumerate(DataLoader)#"
+GETNEXT_PREFIXES = (LOADER_PREFIX, "enumerate(DataPipe)#")
 STEP_PREFIX = "ProfilerStep#"
 _KEPT_PREFIXES = GETNEXT_PREFIXES + (STEP_PREFIX,)
 SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
@@ -141,7 +144,8 @@ def _object_at(buf: bytes, start: int, after: int):
     Tries each closing brace after `after` until the slice parses: Kineto writes `args`
     last, so the event's own brace is usually the second one. Returns (None, None) when
     the buffer ends first (more bytes are needed, or the file ends in the object) and
-    (None, after) for a bad object.
+    (None, after) when no object that begins at `start` runs past `after` (a bad one, or one
+    that closes before it).
     """
     end = after
     while True:
@@ -153,9 +157,34 @@ def _object_at(buf: bytes, start: int, after: int):
         end += 1
         try:
             obj = orjson.loads(buf[start:end])
-        except orjson.JSONDecodeError:
+        except orjson.JSONDecodeError as exc:
+            # Cut short by this brace (the end of the slice: an inner object's close, or one in
+            # a string), a later one may end it. Broken before the end (`{...}, "name": ...`: an
+            # object that closes before the name, or a bad one), no later brace mends it. (pos
+            # counts characters of the decoded text, not bytes.)
+            if exc.doc is None or exc.pos < len(exc.doc):
+                return None, after
             continue
         return (obj if isinstance(obj, dict) else None), end
+
+
+def _event_around(buf: bytes, name_at: int, after: int):
+    """(object, end) of the innermost JSON object around the name at buf[name_at] that runs
+    past `after` (the name's end), as _object_at returns them.
+
+    Kineto writes no object before an event's name, so the nearest "{" before it is the
+    event's own. Other writers order the keys otherwise (json.dump's sort_keys puts "args"
+    first): then the objects that close before the name (or a "{" in a string) are passed over,
+    back to the "{" that begins an object holding the name, _MAX_EVENT_BYTES back at most.
+    """
+    start, floor = name_at, max(0, name_at - _MAX_EVENT_BYTES)
+    while True:
+        start = buf.rfind(b"{", floor, start)
+        if start < 0:
+            return None, after
+        obj, end = _object_at(buf, start, after)
+        if obj is not None or end is None:
+            return obj, end
 
 
 def _as_int(value):
@@ -186,15 +215,13 @@ class _Scanner:
         start of one), and the stream offset from which the next scan looks for names.
         """
         for match in _CANDIDATE_RE.finditer(buf, max(0, resume - offset)):
-            start = buf.rfind(b"{", 0, match.start())
-            if start < 0:
-                self.bad += 1
-                continue
-            obj, end = _object_at(buf, start, match.end())
+            obj, end = _event_around(buf, match.start(), match.end())
             if end is None:  # the event continues in the next chunk, or the file ends in it
                 if final:
                     break
-                return start, offset + start
+                # Scanned again from its name, with the bytes its start may lie in (the nearest
+                # "{" is not its start where "args" comes first).
+                return max(0, match.start() - _MAX_EVENT_BYTES), offset + match.start()
             resume = offset + end
             if obj is None:
                 self.bad += match.group(1) is not None  # (a broken op is not one of ours)
@@ -223,47 +250,23 @@ class _Scanner:
 
 
 def _decoded(pieces: Iterable[bytes], gz: bool) -> Iterator[bytes]:
-    return _gunzip(pieces) if gz else iter(pieces)
+    return gunzip_pieces(pieces, CHUNK_BYTES) if gz else iter(pieces)
 
 
-def _gunzip(pieces: Iterable[bytes]) -> Iterator[bytes]:
-    """The decompressed bytes of gzip data read in pieces (members concatenated), CHUNK_BYTES
-    at most at a time. A stream that breaks off raises EOFError after yielding all it had;
-    data that is not gzip raises zlib.error before yielding anything."""
-    step = max(1, CHUNK_BYTES // 8)
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    for piece in pieces:
-        view = memoryview(piece)
-        for pos in range(0, len(view), step):
-            pending = view[pos:pos + step]
-            while pending:
-                out = inflater.decompress(pending, CHUNK_BYTES)
-                if out:
-                    yield out
-                if inflater.eof:  # a member ends; another may follow
-                    pending = inflater.unused_data
-                    if pending:
-                        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-                else:
-                    pending = inflater.unconsumed_tail
-    if not inflater.eof:
-        raise EOFError("compressed file ended before the end-of-stream marker was reached")
-
-
-def _counting(chunks: Iterator[bytes], on_decoded: Callable[[int], None]) -> Iterator[bytes]:
+def _telling(chunks: Iterator[bytes], on_decoded: Callable[[bytes], None]) -> Iterator[bytes]:
     for chunk in chunks:
-        on_decoded(len(chunk))
+        on_decoded(chunk)
         yield chunk
 
 
-def _scan(pieces: Iterable[bytes], gz: bool, on_decoded: Callable[[int], None] | None = None) -> _Scanner:
+def _scan(pieces: Iterable[bytes], gz: bool, on_decoded: Callable[[bytes], None] | None = None) -> _Scanner:
     """Scans the trace; a gzip stream that breaks off mid-way keeps what came before it.
     Errors of reading the pieces (OSError, TrialError) are the caller's."""
     scanner = _Scanner()
     carry, offset, resume = b"", 0, 0
     chunks = _decoded(pieces, gz)
     if on_decoded is not None:
-        chunks = _counting(chunks, on_decoded)
+        chunks = _telling(chunks, on_decoded)
     pending = next(chunks, b"")  # a file that is not gzip at all raises here
     while True:
         try:
@@ -335,22 +338,56 @@ def _metadata(scanner: _Scanner) -> tuple[int | None, int | None, str | None, st
     return base_ns, rank, host, None
 
 
-def _outermost(events: list[tuple]) -> tuple[list[tuple], int]:
-    """Drops GetNext events nested in another of the same thread; returns (kept, dropped)."""
-    kept, dropped = [], 0
+def _outermost(events: list[tuple]) -> tuple[list[tuple], int, list[str]]:
+    """The GetNext events not nested in another kept event of their thread (DataPipe chains, a
+    pipe in a single-process DataLoader's `__next__`: one wait, counted once), and the steps;
+    with the count of DataLoader events dropped, and why (pipes nested in a kept event are
+    dropped by design, silently).
+
+    A DataLoader `__next__` cannot hold the next `__next__` of its loader on its thread: the
+    loop calls one after the other. One that does has a wrong duration (a wrong end; its start
+    still has to lie near the file's median time, see _placed), and kept as the outermost it
+    would swallow the calls that followed it, its thread's whole recording at worst. So it is
+    the one dropped, and the calls it spans are judged among themselves. Kineto gives no
+    iterator identity: a loader's calls are those of its name. (A loader iterated in the dataset
+    of a single-process loader of the same class, in its thread, makes the outer calls look so:
+    the inner calls are then counted instead, and the outer ones reported.)
+    """
+    ordered = sorted(events, key=lambda e: (e[3], -e[4]))
+    suspect: set[int] = set()
+    previous: dict = {}  # (pid, tid, name) -> index in `ordered` of its latest DataLoader call
+    for at, (name, pid, tid, ts, _dur) in enumerate(ordered):
+        if not name.startswith(LOADER_PREFIX):
+            continue
+        before = previous.get((pid, tid, name))
+        if before is not None and ts < ordered[before][3] + ordered[before][4]:
+            suspect.add(before)
+        previous[(pid, tid, name)] = at
+    kept, nested = [], 0
     open_until: dict = {}
-    for event in sorted(events, key=lambda e: (e[3], -e[4])):
+    for at, event in enumerate(ordered):
         name, pid, tid, ts, dur = event
         if name.startswith(STEP_PREFIX):
             kept.append(event)
             continue
+        if at in suspect:
+            continue
         thread = (pid, tid)
         if ts < open_until.get(thread, -math.inf):
-            dropped += 1
+            nested += name.startswith(LOADER_PREFIX)
             continue
         open_until[thread] = ts + dur
         kept.append(event)
-    return kept, dropped
+    problems = []
+    if suspect:
+        problems.append(f"{len(suspect)} DataLoader GetNext event(s) that span the next call of their loader in "
+                        f"their thread (a wrong duration: one call cannot hold the next), skipped; the calls "
+                        f"they span are kept")
+    if nested:
+        problems.append(f"{nested} DataLoader GetNext event(s) inside another GetNext of their thread (a loader "
+                        f"iterated inside another's __next__, or the outer event's duration is wrong), "
+                        f"counted once, as the outer one")
+    return kept, len(suspect) + nested, problems
 
 
 def _iterator_creations(events: list[tuple], draws: list[tuple]) -> list[tuple]:
@@ -386,10 +423,11 @@ def parse_kineto_file(data: bytes, key: str) -> ParsedFile:
 
 
 def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
-                        on_decoded: Callable[[int], None] | None = None) -> ParsedFile:
+                        on_decoded: Callable[[bytes], None] | None = None) -> ParsedFile:
     """parse_kineto_file of a file read in pieces (store.iter_chunks): only a few MB of it
     are in memory at a time, however large the trace. Errors of reading the pieces pass, and
-    those on_decoded raises (it is told the size of each piece once decompressed)."""
+    those on_decoded raises (it is given each piece once decompressed, in order: the trace's
+    content, whichever way it was stored)."""
     pieces = iter(pieces)
     first = next(pieces, b"")
     gz = key.endswith(".gz") or first[:2] == b"\x1f\x8b"  # (a .gz renamed without its suffix too)
@@ -424,7 +462,9 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
     events, far = _placed(events, base_ns, problems)
     skipped += far
     draws = [e for e in events if e[0] == SEED_DRAW]
-    events, _nested = _outermost([e for e in events if e[0] != SEED_DRAW])
+    events, dropped, why = _outermost([e for e in events if e[0] != SEED_DRAW])
+    skipped += dropped
+    problems += why
     if not events:
         return ParsedFile(None, skipped, problems)
     created = _iterator_creations(events, draws)

@@ -13,7 +13,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Iterable, Iterator, MutableMapping, Sequence
+from typing import Callable, MutableMapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -27,7 +27,7 @@ from .errors import FileOutsideTrialError, NotAFileError, NotATrialError, TrialE
 from .kineto_format import NOT_RECORDED as KINETO_NOT_RECORDED
 from .kineto_format import JSON_FILE_RE, NOT_A_TRACE, is_kineto_key, parse_kineto_pieces
 from .null_columns import with_null_columns, without_null_columns
-from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, decompress, duration_text,
+from .smdebug_format import (MAX_EVENT_BEFORE_FILE_US, ParsedFile, broken_off, decompress, duration_text,
                              parse_system_file, parse_trace_file)
 from .store import READ_THREADS, FileInfo, LocalStore, S3Store, Store, fingerprint, open_store
 from .table_handover import TableHandover
@@ -399,7 +399,10 @@ class ParsedEntry:
 
 # Names the parsers' rules in file_cache keys: a parse kept by a reader with other rules (2: events
 # far from their file's time are skipped) is not taken for one of this reader's.
-_PARSE_RULES = 4  # 3: process ids and ranks; 4: NaN and Infinity read, then skipped as non-finite
+# 3: process ids and ranks; 4: NaN and Infinity read, then skipped as non-finite; 5: a Kineto
+# trace's digest is of its decompressed bytes, its events found in any key order, a GetNext that
+# spans its loader's next one skipped; a reference-format gzip cut short keeps its events.
+_PARSE_RULES = 5
 
 
 def _file_cache_key(path: str, info: FileInfo) -> str:
@@ -425,21 +428,19 @@ def _unreadable(exc: OSError) -> ParsedFile:
 
 
 class _Counted:
-    """A file's pieces as they are read, digested; `add` counts the bytes they decompress to
-    against max_bytes (a gzip trace of 67 kB may hold 6 MB)."""
+    """A file's pieces as they are decompressed (`add`, given each in turn): digested, so that
+    copies of one trace are one content however each was compressed (a .json and its .json.gz,
+    two gzips of it with other headers), as a reference-format file's digest is of its bytes
+    once decompressed; and counted against max_bytes (a gzip trace of 67 kB may hold 6 MB)."""
 
-    def __init__(self, pieces: Iterable[bytes], guard: _LoadGuard):
-        self.pieces, self.guard = pieces, guard
+    def __init__(self, guard: _LoadGuard):
+        self.guard = guard
         self.digest, self.nbytes = hashlib.sha256(), 0
 
-    def __iter__(self) -> Iterator[bytes]:
-        for piece in self.pieces:
-            self.digest.update(piece)
-            yield piece
-
-    def add(self, decompressed: int) -> None:
-        self.nbytes += decompressed
-        self.guard.add_bytes(decompressed)
+    def add(self, decompressed: bytes) -> None:
+        self.nbytes += len(decompressed)
+        self.guard.add_bytes(len(decompressed))
+        self.digest.update(decompressed)
 
 
 def _parse_one(store: Store, info: FileInfo, kind: str, node: str, guard: _LoadGuard,
@@ -580,18 +581,18 @@ def _read_and_parse(store: Store, info: FileInfo, kind: str, node: str, guard: _
     except OSError as exc:
         return _unreadable(exc), None, 0
     if kind == KINETO:
-        counted = _Counted(source, guard)
+        counted = _Counted(guard)
         with _PARSE_SLOTS:  # (reading included: the pieces are scanned as they come)
             guard.check()
             try:
-                parsed = parse_kineto_pieces(counted, key, on_decoded=counted.add)
+                parsed = parse_kineto_pieces(source, key, on_decoded=counted.add)
             except OSError as exc:
                 return _unreadable(exc), None, counted.nbytes
         if parsed.error:  # the file may not have been read to its end: no digest of it
             return parsed, None, counted.nbytes
         return parsed, counted.digest.digest(), counted.nbytes
     try:
-        data = decompress(key, source, max_size=guard.max_bytes)
+        data, broke_off = decompress(key, source, max_size=guard.max_bytes)
     except (OSError, EOFError, zlib.error) as exc:
         return ParsedFile(None, error=f"not a valid gzip file ({exc})"), None, 0
     except TrialTooLargeError as exc:
@@ -607,6 +608,8 @@ def _read_and_parse(store: Store, info: FileInfo, kind: str, node: str, guard: _
     with _PARSE_SLOTS:
         guard.check()
         parsed = _PARSERS[kind](data, node, name_time_us(key, kind))
+    if broke_off:  # the events before the break are read; the break is a skipped line
+        parsed = broken_off(parsed, data, broke_off)
     return parsed, digest, nbytes
 
 

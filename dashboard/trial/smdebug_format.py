@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there)
 
+import dataclasses
 import gzip
 import io
 import keyword
 import math
+import zlib
 from dataclasses import dataclass, field
+from typing import Iterable, Iterator
 
 import msgspec
 import numpy as np
@@ -193,21 +196,95 @@ class ParsedFile:
         return self.table.num_rows if self.table is not None else 0
 
 
-def decompress(key: str, data: bytes, max_size: int | None = None) -> bytes:
-    """The file's bytes, gunzipped when the key ends with .gz.
+def gunzip_pieces(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    """The decompressed bytes of gzip data read in pieces (members concatenated), chunk_bytes
+    at most at a time. A stream that breaks off raises EOFError after yielding all it had;
+    data that is not gzip raises zlib.error before yielding anything (corrupt data, on the
+    piece where the corruption shows)."""
+    step = max(1, chunk_bytes // 8)
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    for piece in pieces:
+        view = memoryview(piece)
+        for pos in range(0, len(view), step):
+            pending = view[pos:pos + step]
+            while pending:
+                out = inflater.decompress(pending, chunk_bytes)
+                if out:
+                    yield out
+                if inflater.eof:  # a member ends; another may follow
+                    pending = inflater.unused_data
+                    if pending:
+                        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                else:
+                    pending = inflater.unconsumed_tail
+    if not inflater.eof:
+        raise EOFError("compressed file ended before the end-of-stream marker was reached")
 
-    Raises OSError, EOFError or zlib.error for a broken gzip file, and TrialTooLargeError
+
+def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[bytes, str | None]:
+    """The file's bytes, gunzipped when the key ends with .gz, and why they end early (None:
+    they are whole).
+
+    A gzip file cut short (a copy or an upload broken off, a full disk) gives the bytes before
+    the cut, as a Kineto trace's does: they are valid, and the parse counts the line the cut
+    broke (broken_off). Corrupt data is not cut short: what inflates before the error shows
+    may be wrong already, so it raises. Raises OSError, EOFError or zlib.error for a file that
+    is not gzip, is corrupt, or gives nothing (cut inside its header), and TrialTooLargeError
     when it inflates to more than `max_size` bytes (a few MB can inflate to many GB).
     """
     if not key.endswith(".gz"):
-        return data
-    if max_size is None:
-        return gzip.decompress(data)
-    with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-        out = stream.read(max_size + 1)
+        return data, None
+    try:
+        if max_size is None:
+            return gzip.decompress(data), None
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            out = stream.read(max_size + 1)
+    except EOFError as exc:
+        # Decompressed again, streaming, to keep what came before the cut: only a file cut
+        # short pays for that.
+        out = _before_the_break(key, data, max_size)
+        if not out:
+            raise
+        return out, str(exc)
     if len(out) > max_size:
-        raise TrialTooLargeError(f"{key}: decompresses to more than the limit of {size_text(max_size)}")
-    return out
+        raise _too_large(key, max_size)
+    return out, None
+
+
+_GUNZIP_CHUNK_BYTES = 8 << 20
+
+
+def _before_the_break(key: str, data: bytes, max_size: int | None) -> bytes:
+    """The bytes that gzip data cut short decompresses to."""
+    chunks, size = [], 0
+    try:
+        for chunk in gunzip_pieces([data], _GUNZIP_CHUNK_BYTES):
+            size += len(chunk)
+            if max_size is not None and size > max_size:
+                raise _too_large(key, max_size)
+            chunks.append(chunk)
+    except EOFError:
+        pass
+    return b"".join(chunks)
+
+
+def _too_large(key: str, max_size: int) -> TrialTooLargeError:
+    return TrialTooLargeError(f"{key}: decompresses to more than the limit of {size_text(max_size)}")
+
+
+def broken_off(parsed: ParsedFile, data: bytes, why: str) -> ParsedFile:
+    """The parse of a file whose gzip stream broke off (decompress's why), the break counted as
+    one skipped line and said. That line is the one the break cut, which the parse counted
+    already where it is left broken; a break between lines, or just after an event (which the
+    parse kept), is counted here."""
+    last = data[data.rfind(b"\n") + 1:].strip().strip(b"[],").strip()
+    try:  # the line the break cut, unless it fell between lines or just after an event
+        counted = bool(last) and not isinstance(orjson.loads(last), dict)
+    except orjson.JSONDecodeError:
+        counted = True
+    problem = f"the gzip stream breaks off ({why}): events after it are lost"
+    return dataclasses.replace(parsed, lines_skipped=parsed.lines_skipped + (not counted),
+                               problems=[*parsed.problems, problem])
 
 
 # Latest event end accepted, in epoch microseconds: far beyond any real trace, far inside int64.

@@ -1,0 +1,249 @@
+"""Reader defects a review reproduced, on a real torch.profiler recording and the bundled
+reference-format trial: a GetNext whose wrong duration swallowed its thread's others, copies of
+one trace compressed differently read twice, a reference-format gzip cut short losing all its
+events, and a trace whose keys come in another order than Kineto's read as no events."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import zlib
+
+import pytest
+
+import dashboard.format as fmt
+from dashboard.trial import kineto_format
+from dashboard.trial.errors import TrialTooLargeError
+from dashboard.trial.kineto_format import parse_kineto_file
+from dashboard.trial.load import load_trial
+from dashboard.trial.smdebug_format import decompress
+from dashboard.trial.store import LocalStore
+from tests.conftest import CountingStore
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORDING = os.path.join(HERE, "recordings", "mildly_slow_worker", "run.pt.trace.json.gz")
+SAMPLE = os.path.join(os.path.dirname(HERE), "examples", "sample-trial", "trial")
+LOADER = "enumerate(DataLoader)#"
+
+
+@pytest.fixture(scope="module")
+def recording() -> dict:
+    with open(RECORDING, "rb") as handle:
+        packed = handle.read()
+    raw = gzip.decompress(packed)
+    doc = json.loads(raw)
+    calls = [e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith(LOADER)]
+    return {"packed": packed, "raw": raw, "doc": doc, "calls": calls}
+
+
+def getnext_starts(table) -> list[int]:
+    rows = table.to_pylist()
+    return sorted(r["start_us"] for r in rows if r["phase"] == fmt.PHASE_ITER)
+
+
+def wall_us(doc: dict, ts: float) -> int:
+    return (doc["baseTimeNanoseconds"] + round(ts * 1000) + 500) // 1000
+
+
+# --- 1. one GetNext's wrong duration swallowed the others of its thread --------------------
+
+@pytest.mark.parametrize("which", [0, 12])
+def test_a_getnext_with_a_wrong_duration_does_not_swallow_its_threads_others(recording, which):
+    doc = json.loads(recording["raw"])
+    calls = [e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith(LOADER)]
+    assert len(calls) == 25 and len({(e["pid"], e["tid"]) for e in calls}) == 1
+    bad = sorted(calls, key=lambda e: e["ts"])[which]
+    bad["dur"] = 100_000_000_000  # 28 hours: within the 31 days an event may lie from the file's time
+    parsed = parse_kineto_file(json.dumps(doc).encode(), "run.pt.trace.json")
+    assert parsed.error is None
+    # the other 24 calls, each at its own time; the one that spans the next calls is skipped, said so
+    assert getnext_starts(parsed.table) == sorted(wall_us(doc, e["ts"]) for e in calls if e is not bad)
+    assert parsed.lines_skipped == 1
+    assert any("span the next call of their loader" in p for p in parsed.problems), parsed.problems
+
+
+def test_the_swallowed_getnexts_are_loaded_and_the_skip_reported(recording, tmp_path):
+    doc = json.loads(recording["raw"])
+    calls = sorted((e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith(LOADER)),
+                   key=lambda e: e["ts"])
+    calls[3]["dur"] = 100_000_000_000
+    (tmp_path / "run.pt.trace.json").write_bytes(json.dumps(doc).encode())
+    trial = load_trial(str(tmp_path))
+    assert int((trial.framework["kind"] == fmt.KIND_GETNEXT).sum()) == 24
+    assert trial.report.lines_skipped == 1
+    [with_skips] = trial.report.files_with_skipped_lines
+    assert with_skips.path == "run.pt.trace.json" and "wrong duration" in with_skips.reason
+
+
+def _event(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 5, "tid": tid, "ts": ts, "dur": dur}
+
+
+def test_nesting_is_still_counted_once(tmp_path):
+    """What _outermost is for: a pipe chain's events nest (each pipe records its own __next__) and
+    so do pipes inside a single-process DataLoader's __next__: one wait, the outermost, silently;
+    a loader's call inside another loader's is counted once too, and said."""
+    base_ns = 1_780_000_000_000_000_000
+    outer, inner = "enumerate(DataPipe)#IterableWrapperIterDataPipe", "enumerate(DataPipe)#MapperIterDataPipe"
+    single = f"{LOADER}_SingleProcessDataLoaderIter.__next__"
+    other = f"{LOADER}_MultiProcessingDataLoaderIter.__next__"
+    events = []
+    for i in range(4):  # a pipe chain of one class twice: the same name nests in itself
+        t = 1_000.0 + i * 1_000.0
+        events += [_event(outer, t, 500.0), _event(inner, t + 10, 400.0), _event(inner, t + 20, 300.0)]
+    for i in range(4):  # a single-process loader whose dataset runs a pipe
+        t = 10_000.0 + i * 1_000.0
+        events += [_event(single, t, 500.0), _event(inner, t + 10, 400.0)]
+    events += [_event(single, 20_000.0, 500.0), _event(other, 20_010.0, 100.0)]
+    doc = {"traceEvents": events, "baseTimeNanoseconds": base_ns, "schemaVersion": 1}
+    parsed = parse_kineto_file(json.dumps(doc).encode(), "t.pt.trace.json")
+    names = sorted(parsed.table.column("name").to_pylist())
+    assert names == sorted([outer] * 4 + [single] * 5)
+    assert parsed.lines_skipped == 1  # the other loader's call inside the last __next__, and no pipe
+    assert len(parsed.problems) == 1 and "inside another GetNext" in parsed.problems[0]
+
+
+# --- 2. copies of one trace, compressed otherwise -------------------------------------------
+
+@pytest.mark.parametrize("chunk_bytes", [None, 4096])
+def test_copies_of_a_trace_compressed_otherwise_are_read_once(recording, tmp_path, chunk_bytes):
+    raw = recording["raw"]
+    (tmp_path / "run.pt.trace.json").write_bytes(raw)
+    (tmp_path / "run.pt.trace.json.gz").write_bytes(recording["packed"])
+    other = gzip.compress(raw, compresslevel=1, mtime=12345)  # another header, other bytes
+    assert other != recording["packed"] and gzip.decompress(other) == raw
+    (tmp_path / "run2.pt.trace.json.gz").write_bytes(other)
+    store = CountingStore(LocalStore(str(tmp_path)), chunk_bytes=chunk_bytes)
+    trial = load_trial(str(tmp_path), store=store)
+    assert store.reads == []  # still read piece by piece
+    assert int((trial.framework["kind"] == fmt.KIND_GETNEXT).sum()) == len(recording["calls"]) == 25
+    assert trial.report.read_paths == ["run.pt.trace.json"]
+    assert sorted((s.path, s.reason) for s in trial.report.files_skipped) == [
+        ("run.pt.trace.json.gz", "duplicate of run.pt.trace.json"),
+        ("run2.pt.trace.json.gz", "duplicate of run.pt.trace.json")]
+    # the digest is of the trace's content, as a reference-format file's
+    assert set(trial.report.digests.values()) == {hashlib.sha256(raw).digest()}
+
+
+# --- 3. a reference-format gzip cut short ---------------------------------------------------
+
+def _sample_with(tmp_path, kind: str, packed_of) -> tuple[str, str, bytes]:
+    """The sample trial with its first file of `kind` gzipped by packed_of(text): (folder, key,
+    text of the file)."""
+    folder = str(tmp_path / "trial")
+    shutil.copytree(SAMPLE, folder)
+    top = os.path.join(folder, kind)
+    path = sorted(os.path.join(d, n) for d, _, names in os.walk(top) for n in names)[0]
+    with open(path, "rb") as handle:
+        text = handle.read()
+    os.remove(path)
+    with open(path + ".gz", "wb") as handle:
+        handle.write(packed_of(text))
+    return folder, os.path.relpath(path + ".gz", folder), text
+
+
+def _whole_lines(prefix: bytes) -> list[bytes]:
+    return prefix.split(b"\n")[:-1]  # the last: the line the cut ended in
+
+
+@pytest.mark.parametrize("kind", ["framework", "system"])
+@pytest.mark.parametrize("cut", [100, "half"])
+def test_a_gzip_file_cut_short_keeps_its_events_before_the_cut(tmp_path, kind, cut):
+    def cut_short(text: bytes) -> bytes:
+        packed = gzip.compress(text)
+        return packed[:len(packed) // 2] if cut == "half" else packed[:-cut]
+
+    folder, key, text = _sample_with(tmp_path, kind, cut_short)
+    with open(os.path.join(folder, key), "rb") as handle:
+        prefix = zlib.decompressobj(31).decompress(handle.read())  # what the cut left
+    assert 0 < len(prefix) < len(text) and not prefix.endswith(b"\n")
+    whole = load_trial(SAMPLE)
+    trial = load_trial(folder)
+    assert trial.report.files_skipped == []
+    if kind == "framework":
+        def lost(what: bytes) -> int:
+            return text.count(what) - sum(line.count(what) for line in _whole_lines(prefix))
+
+        assert 0 < lost(b'"ph": "X"') < text.count(b'"ph": "X"')
+        assert len(trial.framework) == len(whole.framework) - lost(b'"ph": "X"')
+        assert int((trial.framework["kind"] == fmt.KIND_GETNEXT).sum()) == 288 - lost(b"::GetNext")
+        assert cut == 100 or lost(b"::GetNext") > 0
+    else:
+        lost = text.count(b"\n") + (not text.endswith(b"\n")) - len(_whole_lines(prefix))
+        assert 0 < lost and len(trial.system) == len(whole.system) - lost
+    assert trial.report.lines_skipped == 1  # the line the cut ended in
+    [with_skips] = trial.report.files_with_skipped_lines
+    assert with_skips.path == key
+    assert "the gzip stream breaks off (Compressed file ended before the end-of-stream marker was reached)" \
+        in with_skips.reason, with_skips.reason
+
+
+def test_a_gzip_file_cut_between_lines_reports_the_cut(tmp_path):
+    """A stream flushed at a line's end and cut there: no line is broken, every event before the
+    cut is kept, and the cut still counts (what came after it is lost)."""
+    def flushed(text: bytes) -> bytes:
+        packer = zlib.compressobj(wbits=31)
+        return packer.compress(text[:text.index(b"\n", len(text) // 2) + 1]) + packer.flush(zlib.Z_SYNC_FLUSH)
+
+    folder, key, text = _sample_with(tmp_path, "framework", flushed)
+    kept = text[:text.index(b"\n", len(text) // 2) + 1].count(b"::GetNext")
+    trial = load_trial(folder)
+    assert int((trial.framework["kind"] == fmt.KIND_GETNEXT).sum()) == 288 - text.count(b"::GetNext") + kept
+    assert trial.report.lines_skipped == 1
+    assert "breaks off" in trial.report.files_with_skipped_lines[0].reason
+
+
+def test_a_gzip_file_cut_short_is_still_held_to_the_size_limit(tmp_path):
+    folder, key, text = _sample_with(tmp_path, "framework", lambda text: gzip.compress(text)[:-100])
+    with open(os.path.join(folder, key), "rb") as handle:
+        cut = handle.read()
+    prefix = zlib.decompressobj(31).decompress(cut)
+    assert decompress(key, cut, max_size=len(prefix))[0] == prefix
+    with pytest.raises(TrialTooLargeError):
+        decompress(key, cut, max_size=len(prefix) - 1)
+    with pytest.raises(TrialTooLargeError):
+        decompress(key, cut, max_size=1000)
+    # a load's limit counts what the cut file decompresses to
+    listed = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(folder) for n in names)
+    with pytest.raises(TrialTooLargeError):
+        load_trial(folder, max_bytes=listed + len(prefix) - len(cut) - 1)
+    assert load_trial(folder, max_bytes=listed + len(prefix) - len(cut)).report.lines_skipped == 1
+
+
+def test_a_gzip_file_cut_inside_its_header_is_skipped(tmp_path):
+    folder, key, _ = _sample_with(tmp_path, "framework", lambda text: gzip.compress(text)[:6])
+    trial = load_trial(folder)
+    assert [s.path for s in trial.report.files_skipped] == [key]
+    assert trial.report.files_skipped[0].reason.startswith("not a valid gzip file")
+
+
+# --- 4. keys in another order than Kineto's -------------------------------------------------
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_trace_with_its_keys_sorted_reads_as_kinetos(recording, indent, monkeypatch):
+    plain = parse_kineto_file(recording["raw"], "run.pt.trace.json")
+    assert len(getnext_starts(plain.table)) == 25 and plain.lines_skipped == 0
+    data = json.dumps(recording["doc"], sort_keys=True, indent=indent).encode()
+    assert data.index(b'"args"') < data.index(b'"name": "enumerate(DataLoader)#')  # args first
+    parsed = parse_kineto_file(data, "run.pt.trace.json")
+    assert parsed.error is None and parsed.lines_skipped == 0 and parsed.problems == []
+    assert parsed.table.equals(plain.table)
+    # read in chunks: an event's start may lie before the nearest "{" a chunk keeps
+    packed = gzip.compress(data)
+    for chunk in (97, 4096, 65_537):
+        monkeypatch.setattr(kineto_format, "CHUNK_BYTES", chunk)
+        parsed = parse_kineto_file(packed, "run.pt.trace.json")  # (gzip by its first bytes)
+        assert parsed.lines_skipped == 0 and parsed.table.equals(plain.table)
+
+
+def test_a_broken_event_among_sorted_keys_is_counted_and_the_rest_kept(recording):
+    data = json.dumps(recording["doc"], sort_keys=True).encode()
+    name = data.index(b'"name": "enumerate(DataLoader)#')
+    broken = data[:name] + b'"dur": nope, ' + data[name:]  # the event of the first call, no longer JSON
+    parsed = parse_kineto_file(broken, "run.pt.trace.json")
+    others = recording["calls"][1:]  # (in the file's order)
+    assert getnext_starts(parsed.table) == sorted(wall_us(recording["doc"], e["ts"]) for e in others)
+    assert parsed.lines_skipped == 1
+    assert parsed.problems == ["1 DataLoader/step event(s) are not valid events"]
