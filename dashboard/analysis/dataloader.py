@@ -13,6 +13,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import format as fmt
 from ..trial.frames import take_column, take_rows
@@ -20,6 +22,9 @@ from ..trial.frames import take_column, take_rows
 DEFAULT_OUTLIER_FACTOR = 2.0
 # Event and metric filters are short names; a huge pattern only costs the server time.
 MAX_PATTERN_CHARS = 1000
+# RE2's reasons for refusing lookaround ("(?=", "(?<!"), backreferences ("\1") and atomic or
+# possessive groups ("(?>", "a++"): syntax Python's `re` reads and RE2, linear in time, has not.
+RE2_LEFT_OUT = ("invalid perl operator", "invalid escape sequence", "bad repetition operator")
 # `node` is the host; `rank` the training rank where known (see trial/frames.py).
 INIT_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "node", "rank", "pid", "type"]
 WORKER_OUTLIER_COLUMNS = ["start_us", "end_us", "duration_us", "worker_id", "pid", "node", "rank"]
@@ -374,28 +379,48 @@ class _BatchArrays:
 
 
 def _matches_any(values: pd.Series, patterns: Sequence[str]) -> pd.Series:
-    """Rows whose value matches one of the regexes (searched, like the reference's match_inc)."""
+    """Rows whose value matches one of the regexes (searched, like the reference's match_inc).
+
+    Matched by RE2 (pyarrow.compute), in time linear in the text: a pattern typed in the page
+    runs in the server, and Python's backtracking `re` (which pandas falls back to for
+    lookaround) held the GIL for minutes on `(?=.{0,26}$)(.+)+#`, stalling every request."""
     patterns = list(patterns or [".*"])
     combined = "|".join(f"(?:{p})" for p in patterns)
     if values.dtype.name == "category":
         # Match each category once, then look rows up by code (-1, missing, picks False).
         cats = values.cat.categories.astype(str)
-        hit = np.append(np.asarray(cats.str.contains(combined, regex=True), dtype=bool), False)
+        hit = np.append(_regex_hits(cats, combined, patterns), False)
         return pd.Series(hit[values.cat.codes.to_numpy()], index=values.index)
-    return values.astype(str).str.contains(combined, regex=True)
+    return pd.Series(_regex_hits(values.astype(str), combined, patterns), index=values.index)
+
+
+def _regex_hits(texts, combined: str, patterns: Sequence[str]) -> np.ndarray:
+    """Whether RE2 finds `combined` in each text (a missing one: False); a pattern RE2 cannot
+    run is the ValueError of validate_patterns (a caller may not have validated)."""
+    try:
+        hits = pc.match_substring_regex(pa.array(texts, type=pa.large_string(), from_pandas=True), combined)
+    except pa.ArrowInvalid:
+        validate_patterns(patterns)
+        raise
+    return np.asarray(hits.fill_null(False), dtype=bool)
 
 
 def validate_patterns(patterns: Sequence[str]) -> list[str]:
-    """The patterns, or ValueError naming the first that is not a valid regex."""
+    """The patterns, or ValueError naming the first that is not a regex _matches_any can run:
+    the check is RE2's own, so that what passes here is what the filter matches with."""
     patterns = [p for p in (patterns or []) if p] or [".*"]
     for pattern in patterns:
         if len(pattern) > MAX_PATTERN_CHARS:
             raise ValueError(f"regular expression of {len(pattern):,} characters: the limit is "
                              f"{MAX_PATTERN_CHARS:,}")
         try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+            pc.match_substring_regex(pa.array([""], type=pa.large_string()), pattern)
+        except pa.ArrowInvalid as exc:
+            reason = str(exc).removeprefix("Invalid regular expression: ")
+            if reason.startswith(RE2_LEFT_OUT):  # Python's syntax that RE2 leaves out: say so
+                reason += ("; lookaround, backreferences and atomic or possessive groups are not "
+                           "supported (the filter matches in linear time)")
+            raise ValueError(f"invalid regular expression {pattern!r}: {reason}") from None
     return patterns
 
 

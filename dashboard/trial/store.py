@@ -267,11 +267,11 @@ class S3Store:
         if isinstance(exc, NoCredentialsError):
             return TrialAccessError(f"{self.path}: no AWS credentials found")
         if isinstance(exc, ParamValidationError):
-            return TrialNotFoundError(f"{self.path}: not a valid S3 path ({_redact(str(exc))})")
+            return TrialNotFoundError(f"{self.path}: not a valid S3 path ({redact(str(exc))})")
         if isinstance(exc, BotoCoreError):
             # The message names the endpoint, never the credentials or a query string.
-            return TrialError(f"{self.path}: cannot reach S3 ({type(exc).__name__}: {_redact(str(exc))})")
-        return TrialError(f"{self.path}: {type(exc).__name__}: {_redact(str(exc))}")
+            return TrialError(f"{self.path}: cannot reach S3 ({type(exc).__name__}: {redact(str(exc))})")
+        return TrialError(f"{self.path}: {type(exc).__name__}: {redact(str(exc))}")
 
     def list(self) -> list[FileInfo]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -366,12 +366,28 @@ class S3Store:
 
 Store = LocalStore | S3Store
 
-_QUERY = re.compile(r"""(\w+://[^\s"'?]*)\?[^\s"']*""")
+# A URL: its scheme, its userinfo ("user:password@" before the host, as in an endpoint such as
+# AWS_ENDPOINT_URL=http://user:secret@host), the rest up to a query string, the query string.
+# Linear in the message: a scheme starts only where a word does, and once one is found the match
+# cannot fail (every part after it may be empty), so no search scans the same text twice.
+_URL = re.compile(r"""\b(\w+://)(?:([^\s"'/]*)@)?([^\s"'?]*)(?:\?[^\s"']*)?""")
 
 
-def _redact(message: str) -> str:
-    """A message without the query strings of the URLs in it (a presigned URL's signature)."""
-    return _QUERY.sub(r"\1", message)
+def redact(message: str) -> str:
+    """A message without the userinfo (user:password@) and the query strings (a presigned URL's
+    signature) of the URLs in it. A userinfo is cut wherever the message repeats it too: a path
+    typed as s3://key:secret@bucket comes back in a bucket's name."""
+    userinfos = set()
+
+    def without_secrets(url: re.Match) -> str:
+        if url.group(2):
+            userinfos.add(url.group(2) + "@")
+        return url.group(1) + url.group(3)
+
+    message = _URL.sub(without_secrets, message)
+    for userinfo in userinfos:
+        message = message.replace(userinfo, "")
+    return message
 
 
 def _has_dot_segment(key: str) -> bool:

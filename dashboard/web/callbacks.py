@@ -26,7 +26,7 @@ from ..trial.errors import TrialError, size_text
 from ..trial.frames import host_of
 from ..trial import window_files
 from ..trial.load import Trial
-from ..trial.store import fingerprint, open_store
+from ..trial.store import redact, fingerprint, open_store
 from . import compare_page, views
 from .cache import TrialCache, trial_key, trial_spelling
 from .layout import FOLLOW_IDLE_S, OUTLIER_TABLES, Ids, csv_button, summary_parts, what_if_lines
@@ -34,6 +34,7 @@ from .layout import FOLLOW_IDLE_S, OUTLIER_TABLES, Ids, csv_button, summary_part
 log = logging.getLogger("dashboard.web")
 
 PROGRESS_EVERY_S = 0.2
+LOGGED_MESSAGE_CHARS = 200  # of a client's text or an error in a log line: a 5 MB field must not reach the log whole
 EVICTED = "This trial is no longer in the server's cache: press Load to read it again."
 
 
@@ -60,9 +61,26 @@ def queued_progress(limit: int):
     return lambda ahead: ["0", "1", f"Queued ({ahead} ahead): the server runs {limit} loads at a time…"]
 
 
+def log_text(text: str) -> str:
+    """A client's text (or an error's, which may repeat it) as a short part of one log line:
+    without URLs' credentials, escaped (a newline in a URL or a field would forge a line) and
+    cut (a field of megabytes)."""
+    text = repr(redact(str(text)))[1:-1]
+    return text if len(text) <= LOGGED_MESSAGE_CHARS else text[:LOGGED_MESSAGE_CHARS] + "..."
+
+
 def _unexpected(what: str, exc: BaseException) -> str:
-    log.exception("%s failed", what)
-    return f"{what} failed ({type(exc).__name__}); the details are in the server log."
+    # One line, the traceback at debug level: a malformed callback payload makes one of these
+    # per request, and a traceback at ERROR each time let a client flood the log.
+    log.warning("%s failed: %s: %s", log_text(what), type(exc).__name__, log_text(str(exc)))
+    log.debug("the traceback of that failure", exc_info=exc)
+    return f"{redact(what)} failed ({type(exc).__name__}); the details are in the server log."
+
+
+def _requested_window(window) -> list[int] | None:
+    """A load request's window as the URL's (views.time_window), or None: the request comes from
+    the client, and an int of 2**64 or more in the load's answer failed it (orjson cannot write it)."""
+    return views.time_window(*window) if isinstance(window, list) and len(window) == 2 else None
 
 
 def check_held(context: Context, key: str) -> None:
@@ -337,8 +355,7 @@ def register_callbacks(app, context: Context) -> None:
         if trigger in (None, Ids.URL):  # the page was opened (or history moved): the URL's state
             query = _query(search)
             path = query.get("trial") or context.default_trial
-            start, end = views.parse_time_us(query.get("start")), views.parse_time_us(query.get("end"))
-            window = [start, end] if start is not None and end is not None and end > start else None
+            window = views.time_window(query.get("start"), query.get("end"))
             return {"path": path, "window": window, "node": query.get("node", ""), "nonce": time.time()}, path
         if trigger == Ids.REFRESH and current and current.get("path"):
             return {"path": current["path"], "refresh": True, "nonce": time.time()}, no_update
@@ -400,7 +417,7 @@ def register_callbacks(app, context: Context) -> None:
             return no_update, _unexpected(f"Loading {path}", exc)
         # The URL shows the path in its one spelling: opened again, it names the same trial.
         return {"path": trial_spelling(path), "key": key, "start_us": span[0], "end_us": span[1],
-                "window": request.get("window"), "node": request.get("node"),
+                "window": _requested_window(request.get("window")), "node": request.get("node"),
                 "from_cache": cached, "loaded": views.now_iso(), "nonce": request.get("nonce")}, (
                     f"The server's cache could not keep this trial ({not_kept}): it is shown, and read "
                     f"again when needed." if not_kept else "")

@@ -25,7 +25,7 @@ from dash.exceptions import BackgroundCallbackError
 from ..serving import MAX_REQUEST_BYTES, listening_hosts
 from ..trial.private_files import PRIVATE_FILE
 from .cache import JOBS_FOLDER, ForkSafeCache, TrialCache, default_cache_dir
-from .callbacks import Context, queued_progress, register_callbacks
+from .callbacks import Context, log_text, queued_progress, register_callbacks
 from .jobs import ENDED_WITHOUT_RESULT, QueueingManager
 from .layout import Ids, build_layout
 from .options import (DEFAULT_EVENT_BUDGET_MB, DEFAULT_MAX_EVENTS, DEFAULT_MAX_FILES, DEFAULT_MAX_TRIAL_MB, MB,
@@ -48,7 +48,6 @@ CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self' 'unsafe-inline
                            "form-action 'self'; frame-ancestors 'none'")
 SECURITY_HEADERS = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Frame-Options": "DENY",
                     "X-Content-Type-Options": "nosniff"}
-LOGGED_MESSAGE_CHARS = 200  # of a rejected request's error: a 5 MB field must not reach the log whole
 
 log = logging.getLogger("dashboard.web")
 
@@ -168,18 +167,11 @@ def options_from_environment(environ=None) -> ServerOptions:
                          allowed_hosts=hosts or _default_hosts(listening_hosts()))
 
 
-def _clip(text: str) -> str:
-    """A client's text as a short part of one log line: escaped (a newline in a URL or a field
-    would forge a line) and cut (a field of megabytes)."""
-    text = repr(text)[1:-1]
-    return text if len(text) <= LOGGED_MESSAGE_CHARS else text[:LOGGED_MESSAGE_CHARS] + "..."
-
-
 def _log_failed_request(exc_info) -> None:
     """In place of Flask's log of a request that raised (a malformed callback request, each one
     a full traceback: a client could flood the log): one line, the traceback at debug level."""
-    log.warning("rejected %s %s (HTTP 500): %s: %s", flask.request.method, _clip(flask.request.path),
-                type(exc_info[1]).__name__, _clip(str(exc_info[1])))
+    log.warning("rejected %s %s (HTTP 500): %s: %s", flask.request.method, log_text(flask.request.path),
+                type(exc_info[1]).__name__, log_text(str(exc_info[1])))
     log.debug("the traceback of that request", exc_info=exc_info)
 
 
@@ -193,7 +185,7 @@ FAILURE_OUTPUTS = {(Ids.ERROR, "children"), (Ids.COMPARE_ERROR, "children")}
 def _log_failed_callback(exc: Exception):
     """Dash's error handler: the failure in the log; where the callback has a failure output, its
     message there (the other outputs left unchanged)."""
-    log.warning("a callback failed: %s: %s", type(exc).__name__, _clip(str(exc)))
+    log.warning("a callback failed: %s: %s", type(exc).__name__, log_text(str(exc)))
     log.debug("the traceback of that callback", exc_info=exc)
     outputs = dash.callback_context.outputs_list
     listed = outputs if isinstance(outputs, list) else [outputs]
@@ -218,7 +210,7 @@ def _guard(server: flask.Flask, allowed_hosts: list[str] | None) -> None:
             host = flask.request.host
             if not host_is_trusted(host, allowed_hosts):
                 log.warning("rejected %s %s: Host '%s' is not an allowed host (--allowed-host)",
-                            flask.request.method, _clip(flask.request.path), _clip(host))
+                            flask.request.method, log_text(flask.request.path), log_text(host))
                 return "This server does not answer to that host name.\n", 400, {"Content-Type": "text/plain"}
             return None
 

@@ -33,6 +33,7 @@ from ..report import saving_text  # noqa: F401  (the page's words for a saving a
 from ..display import duration_s, duration_us, iso_utc, short_name
 from ..trial.errors import TrialError, TrialTooLargeError
 from ..trial.load import Trial
+from ..trial.store import redact
 from . import figures
 
 # Clicking an outlier shows it with this much of its own length on each side (at least
@@ -91,31 +92,56 @@ def _sample_gap_us(system: pd.DataFrame) -> int:
 
 # --- time ranges ------------------------------------------------------------------------------
 
+# A time text is an ISO moment or a number of epoch microseconds, well under this: a longer one
+# (a drag's or the URL's, from the client) is no time, and not parsed (pd.Timestamp's cost grows
+# with the square of the text's length: 3 MB held a server thread for 112 s).
+MAX_TIME_TEXT_CHARS = 64
+# The moments pandas can hold, in epoch microseconds (years 1677 to 2262): a time outside is
+# no time (orjson cannot even encode an int of 2**64 or more, the page's answer failed).
+MAX_EPOCH_US = pd.Timestamp.max.value // 1000
+
+
+def _epoch_us(us: int) -> int | None:
+    return us if -MAX_EPOCH_US <= us <= MAX_EPOCH_US else None
+
+
 def parse_time_us(value) -> int | None:
     """Epoch microseconds from a plotly date string ('2026-11-29 21:10:08.4312', taken as UTC),
-    an ISO-8601 string, or a number (epoch us). None when it is none of them."""
+    an ISO-8601 string, or a number (epoch us). None when it is none of them, or a moment
+    outside pandas' range."""
     if value is None or value == "":
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value) if math.isfinite(value) else None
-    text = str(value).strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
+        return _epoch_us(int(value)) if math.isfinite(value) else None
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > MAX_TIME_TEXT_CHARS:
+        return None
+    text = text.strip()
+    digits = text.removeprefix("-")
+    if digits.isascii() and digits.isdigit():  # ASCII only: str.isdigit() takes "²", int() does not
+        return _epoch_us(int(text))
     try:
         stamp = pd.Timestamp(text)
-    except (ValueError, TypeError):
+        if stamp is pd.NaT:
+            return None
+        if stamp.tzinfo is None:
+            stamp = stamp.tz_localize("UTC")
+        return _epoch_us(int(stamp.value // 1000))  # .value: OverflowError past pandas' years
+    except (ValueError, TypeError, OverflowError):
         return None
-    if stamp is pd.NaT:
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.tz_localize("UTC")
-    return int(stamp.value // 1000)
+
+
+def time_window(start, end) -> list[int] | None:
+    """[start_us, end_us] from two times (parse_time_us), or None unless both are times and the
+    end is later: the URL's window, and the one a load request brings back."""
+    start, end = parse_time_us(start), parse_time_us(end)
+    return [start, end] if start is not None and end is not None and end > start else None
 
 
 def range_from_ms(value) -> int | None:
     """A plotly date-axis range end: a date string, or a number of epoch milliseconds."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(round(value * 1000)) if math.isfinite(value) else None
+        return _epoch_us(int(round(value * 1000))) if math.isfinite(value) else None
     return parse_time_us(value)
 
 
@@ -773,10 +799,12 @@ def what_if_view_of(assessment: Assessment, change: dict, loader: str | None = "
 
 def load_error_text(exc: TrialError) -> str:
     """What the page says when a trial cannot be loaded."""
+    # The store's messages name the path as typed: s3://key:secret@bucket must not come back whole.
+    text = redact(str(exc))
     if isinstance(exc, TrialTooLargeError):
-        return (f"{exc}. This server refuses larger trials: its limits are --max-trial-mb and --max-events "
+        return (f"{text}. This server refuses larger trials: its limits are --max-trial-mb and --max-events "
                 f"(DASHBOARD_MAX_TRIAL_MB, DASHBOARD_MAX_EVENTS).")
-    return str(exc)
+    return text
 
 
 def now_iso() -> str:

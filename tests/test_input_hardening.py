@@ -1,0 +1,197 @@
+"""A client's input that cost the server its time, its answers or its secrets, driven over HTTP
+against the app in a process of its own (`python app.py serve`), with the pure functions behind
+them checked directly:
+
+- an events filter that makes a backtracking regex engine run for ages (ReDoS) is refused with a
+  clear message, and ordinary filters match as Python's `re.search` does;
+- a time text of megabytes in a drag is answered at once, not parsed;
+- a URL's start/end that are no epoch-microsecond moment ("²", 26 or 5,000 digits) leave the
+  window unset and the trial loads;
+- an S3 endpoint's credentials (AWS_ENDPOINT_URL=http://user:secret@host) and a typed path's
+  userinfo never reach the page or the log;
+- a malformed callback payload logs one line, not a traceback.
+"""
+from __future__ import annotations
+
+import re
+from urllib.parse import urlencode
+
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+
+from dashboard.analysis import dataloader
+from dashboard.synthetic import write_trial
+from dashboard.web import views
+from tests.conftest import free_port
+from tests.dash_http import DashSession
+from tests.test_server_hardening import POLL_S, TRACEBACK, AppServer, load, loaded_store, server_env
+
+# Lookahead in front of nested quantifiers: Python's `re` backtracks 2**26 ways at each of the last
+# 26 places of a text without "#" (minutes of one thread, holding the GIL: the server stalled).
+REDOS = r"(?=.{0,26}$)(.+)+#"
+ENDPOINT_USER, ENDPOINT_SECRET = "minio-user", "minio-secret-pw-3141"
+TYPED_SECRET = "wJalrTypedSecretKey27"
+ANSWER_S = 30  # far above what each request below takes once fixed; far below what it took before
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The server with an S3 endpoint in its environment that names credentials, and nothing
+    listening at it; one small local trial under its data root."""
+    tmp = tmp_path_factory.mktemp("input-hardening")
+    data = tmp / "data"
+    trial = str(data / "trial")
+    written = write_trial(trial, epochs=1)
+    endpoint = f"http://{ENDPOINT_USER}:{ENDPOINT_SECRET}@127.0.0.1:{free_port()}"
+    env = server_env(tmp, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="AKIAFAKEFORTESTS",
+                     AWS_SECRET_ACCESS_KEY="fake-secret-for-tests", AWS_DEFAULT_REGION="us-east-1")
+    server = AppServer(str(tmp / "server.log"), "serve", "--cache-dir", str(tmp / "cache"), "--data-root",
+                       str(data), env=env)
+    try:
+        server.wait_ready()
+        server.trial, server.written = trial, written
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def loaded(served):
+    page = DashSession(served.url, timeout=ANSWER_S).open()
+    store = loaded_store(load(page, served.trial))
+    window = {"key": store["key"], "path": store["path"], "start_us": store["start_us"], "end_us": store["end_us"],
+              "selected": None}
+    return page, store, window
+
+
+def unchanged(response: requests.Response) -> bool:
+    """Whether a callback answered "no change" (Dash: a 204, or a 200 without outputs)."""
+    assert response.status_code in (200, 204), response.text[:300]
+    return response.status_code == 204 or response.json().get("response") == {}
+
+
+# --- 1. the events filter runs in linear time -----------------------------------------------------
+
+def test_filter_refuses_what_a_linear_engine_cannot_run_and_says_why():
+    for pattern in (REDOS, r"(a)\1", r"(?<!a)b", r"(?>a+)b", "a++b"):
+        with pytest.raises(ValueError, match="lookaround, backreferences .* not supported") as raised:
+            dataloader.validate_patterns([pattern])
+        assert repr(pattern) in str(raised.value)
+    with pytest.raises(ValueError, match="invalid regular expression '\\(': missing \\)"):
+        dataloader.validate_patterns(["("])
+    # What the page's filter is for: names, alternatives, classes, anchors, case.
+    assert dataloader.validate_patterns(["GetNext|Step", "", r"^\w+\.__next__$", "(?i)cpu"]) == [
+        "GetNext|Step", r"^\w+\.__next__$", "(?i)cpu"]
+
+
+def test_filter_matches_ordinary_patterns_as_python_re_search():
+    names = ["DataLoaderIter.GetNext", "Step:train", "cpu0", "CPUUtilization", "gpu_1", "", "a#b", "x.__next__"]
+    patterns = [["GetNext"], ["^Step"], ["cpu\\d$"], ["(?i)cpu"], ["GetNext", "gpu_[0-9]"], [".*"], ["#"],
+                [r"\.__next__$"], ["^$"], ["utili[sz]ation"]]
+    for column in (pd.Series(names, dtype="category"), pd.Series(names + [None], dtype=object)):
+        for chosen in patterns:
+            expected = [value is not None and any(re.search(p, value) for p in chosen) for value in column]
+            got = dataloader._matches_any(column, chosen)
+            assert got.tolist() == expected, chosen
+            assert got.index.equals(column.index)
+    # A missing category (code -1) matches nothing, not even ".*".
+    codes = pd.Series(pd.Categorical.from_codes(np.array([0, -1]), categories=["a"]))
+    assert dataloader._matches_any(codes, [".*"]).tolist() == [True, False]
+
+
+def test_a_redos_filter_gets_the_message_at_once_and_an_ordinary_one_still_draws(served, loaded):
+    page, store, window = loaded
+    draw = page.find("window-error.children")
+    answer = page.call(draw, {"window-store.data": window, "trial-store.data": store, "select-events.value": REDOS,
+                              "select-dimensions.value": ".*"}, ["select-events.value"])
+    message = answer.values["window-error.children"]
+    assert "invalid regular expression" in message and "lookaround" in message, message
+    assert requests.get(served.url + "healthz", timeout=5).status_code == 200
+    drawn = page.call(draw, {"window-store.data": window, "trial-store.data": store, "select-events.value": "GetNext",
+                             "select-dimensions.value": ".*"}, ["select-events.value"])
+    assert drawn.values["window-error.children"] == ""
+    assert drawn.values["window-graph.figure"]["data"]
+
+
+# --- 2. and 3. time texts ---------------------------------------------------------------------------
+
+def test_parse_time_us_refuses_long_texts_and_moments_outside_int64_microseconds():
+    moment = "2026-11-29T21:10:08.123456Z"
+    assert views.parse_time_us(moment) == 1795986608123456
+    assert views.parse_time_us(" " * 64 + moment) is None  # parsed before, whatever its length
+    assert views.parse_time_us("1" + "0" * 15) == 10**15
+    assert views.parse_time_us("-86400000000") == -86400000000
+    for no_moment in ("²", "1²", "٣", "--5", "9" * 26, "9" * 5000, "10000-01-01", 1e300, -1e20,
+                      str(2**63), "x" * 1_000_000):
+        assert views.parse_time_us(no_moment) is None, str(no_moment)[:40]
+    assert views.range_from_ms(1e300) is None  # a drag's number: milliseconds
+    assert views.time_window("1", "2") == [1, 2]
+    assert views.time_window("0", "9" * 26) is None and views.time_window("2", "1") is None
+
+
+def test_a_drag_range_of_megabytes_is_answered_at_once(served, loaded):
+    page, store, window = loaded
+    relayout = {"xaxis.range[0]": "x" * 3_000_000, "xaxis.range[1]": 1}
+    response = page.post(page.find("window-store.data").body(
+        {"trial-store.data": store, "overview-graph.relayoutData": relayout, "window-store.data": window},
+        ["overview-graph.relayoutData"]))
+    assert unchanged(response)  # no range: the window stays
+    assert served.alive()
+
+
+@pytest.mark.parametrize("start,end", [("0", "9" * 26), ("²", "5"), ("1", "9" * 5000), ("-1e400", "1")],
+                         ids=["end-over-2**64", "superscript-digit", "5000-digits", "float-text"])
+def test_url_times_that_are_no_moment_leave_the_window_unset_and_the_trial_loads(served, loaded, start, end):
+    page = loaded[0]
+    search = "?" + urlencode({"trial": served.trial, "start": start, "end": end})
+    asked = page.call(page.find("load-request.data"), {"url.search": search}, ["url.search"]).values[
+        "load-request.data"]
+    assert asked["path"] == served.trial and asked["window"] is None
+    result = page.call_background(page.find("trial-store.data"), {"load-request.data": asked},
+                                  ["load-request.data"], poll_s=POLL_S, timeout_s=ANSWER_S)
+    assert loaded_store(result)["window"] is None
+
+
+def test_a_load_request_with_a_window_past_int64_loads_without_it(served, loaded):
+    page = loaded[0]
+    result = page.call_background(page.find("trial-store.data"),
+                                  {"load-request.data": {"path": served.trial, "window": [0, 10**30]}},
+                                  ["load-request.data"], poll_s=POLL_S, timeout_s=ANSWER_S)
+    assert loaded_store(result)["window"] is None
+
+
+# --- 4. credentials in URLs -------------------------------------------------------------------------
+
+def test_endpoint_and_typed_credentials_never_reach_the_page_or_the_log(served, loaded):
+    page = loaded[0]
+    unreachable = load(page, "s3://some-bucket/trial", timeout_s=ANSWER_S).values["error-message.children"]
+    assert "cannot reach S3" in unreachable and "127.0.0.1" in unreachable, unreachable
+    typed = load(page, f"s3://AKIATYPEDKEY:{TYPED_SECRET}@some-bucket/trial",
+                 timeout_s=ANSWER_S).values["error-message.children"]
+    assert typed and "some-bucket" in typed, typed
+    for secret in (ENDPOINT_SECRET, ENDPOINT_USER, TYPED_SECRET, "AKIATYPEDKEY"):
+        assert secret not in unreachable + typed, (secret, unreachable, typed)
+        assert secret not in served.log()
+
+
+# --- 5. malformed payloads: one log line each -------------------------------------------------------
+
+def test_a_malformed_payload_logs_one_line_without_its_traceback(served, loaded):
+    page, store, window = loaded
+    before = len(served.log().splitlines())
+    set_window = page.find("window-store.data")
+    for _ in range(3):
+        response = page.post(set_window.body({"trial-store.data": store, "window-store.data": window,
+                                              "overview-graph.relayoutData": {"selections": ["x"]}},
+                                             ["overview-graph.relayoutData"]))
+        assert unchanged(response)  # the window stays
+    failed = page.call_background(page.find("trial-store.data"), {"load-request.data": {"path": 123}},
+                                  ["load-request.data"], poll_s=POLL_S, timeout_s=ANSWER_S)
+    message = failed.values["error-message.children"]
+    assert message == "Loading 123 failed (AttributeError); the details are in the server log.", message
+    added = served.log().splitlines()[before:]
+    assert not TRACEBACK.search("\n".join(added)), "\n".join(added)[:2000]
+    assert len([line for line in added if "Setting the window failed: AttributeError: " in line]) == 3, added
+    assert len([line for line in added if "Loading 123 failed: AttributeError: " in line]) == 1, added
