@@ -218,7 +218,8 @@ def _predicted(a: Side, b: Side, pairs: list[LoaderPair]) -> tuple[dict | None, 
         training += then["training_s"]
         wait += then["wait_fraction"] * then["training_s"]
         merged.update(change)
-    return {"change": merged, "fixes": [], "training_s": round(training, 6), "wait_fraction": _fraction(wait, training)}, ""
+    return {"change": merged, "fixes": [], "training_s": round(training, 6),
+            "wait_fraction": _fraction(wait, training)}, ""
 
 
 def _slow_worker_finding(side: Side, item: LoaderBudget):
