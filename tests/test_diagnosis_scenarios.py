@@ -21,6 +21,11 @@ books, wait_s / training_s, n runs each way, in the configuration of tests/scena
   slow_worker  quiet   3  3.99 [3.88..4.02] / 4.75 [4.74..4.75]  1.13 [1.11..1.15] / 1.86 [1.85..1.86]  in_order False
                loaded  3  3.30 [3.24..3.38] / 4.84 [4.81..4.86]  0.75 [0.67..0.76] / 2.03 [2.02..2.05]  in_order False
                (4 workers: with 8, as first measured, the loaded runs' compute hid the slow worker)
+               quiet   8  3.57 [3.45..3.73] / 4.79 [4.77..4.81]  0.33 [0.29..0.36] / 1.44 [1.32..1.66]  worker 1 as fast
+               loaded  8  2.94 [2.65..3.02] / 4.87 [4.83..4.92]  0.65 [0.63..0.70] / 2.33 [2.22..2.64]  (--slow-factor 1)
+               (4 groups A B B A each way; the finding's prediction, means of A: training 0.98-1.11x the
+               fixed runs' quiet, 0.99-1.18x loaded; waiting share 0.04 under to 0.01 over quiet,
+               0.01-0.06 under loaded)
   startup      quiet   8  3.41 [3.38..3.51] / 4.13 [4.08..4.30]  0.58 [0.52..0.71] / 1.12 [1.00..1.46]  persistent
                loaded  8  3.67 [3.56..3.88] / 5.07 [4.66..5.54]  0.73 [0.69..0.86] / 1.66 [1.54..2.16]  persistent
   clean        quiet   8  0.20 [0.18..0.46] / 2.21 [1.92..3.00]
@@ -727,6 +732,7 @@ def test_a_slow_worker_made_as_fast_as_the_others_saves_what_its_finding_predict
         return None, ("--slow-factor", "1")
 
     # Means of runs in the order A B B A (see 'means of runs' among the tolerances), on one host load.
+    # Measured (the module's table): training 0.98-1.18x the re-runs', waiting share within 0.07.
     planted, *fixed, last = jobs.steady("slow_worker", as_fast, as_fast, again)
     predictions = []
     for run in (planted, last):
@@ -747,9 +753,10 @@ def test_a_slow_worker_made_as_fast_as_the_others_saves_what_its_finding_predict
     assert predicted_s == pytest.approx(fixed_s, rel=TRAINING_RELATIVE_TOLERANCE), shown
     # `compare` A B, no setting changed: it compares B with A's prediction for the worker B no
     # longer has slow, and says so.
+    from dashboard.api import compare
     from dashboard.report import compare_text
 
-    comparison = dashboard.compare(planted.result, fixed[0].result)
+    comparison = compare(planted.result, fixed[0].result)
     assert "slow_worker" not in ids(fixed[0].result), ids(fixed[0].result)
     assert comparison.settings_changed == [], comparison.settings_changed
     assert comparison.predicted["change"] == {}, comparison.predicted
