@@ -154,6 +154,16 @@ def test_url_times_that_are_no_moment_leave_the_window_unset_and_the_trial_loads
     assert loaded_store(result)["window"] is None
 
 
+def test_a_load_request_with_a_nonce_past_int64_loads_without_it(served, loaded):
+    # The nonce is the page's time.time(), carried back so the page knows which load answered; a
+    # client's int of 2**64 or more failed the answer with HTTP 500 (orjson cannot write it).
+    page = loaded[0]
+    result = page.call_background(page.find("trial-store.data"),
+                                  {"load-request.data": {"path": served.trial, "nonce": 2**64}},
+                                  ["load-request.data"], poll_s=POLL_S, timeout_s=ANSWER_S)
+    assert loaded_store(result)["nonce"] is None
+
+
 def test_a_load_request_with_a_window_past_int64_loads_without_it(served, loaded):
     page = loaded[0]
     result = page.call_background(page.find("trial-store.data"),

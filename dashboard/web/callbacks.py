@@ -11,6 +11,7 @@ No exception reaches the browser: a trial that cannot be read gets its message i
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -75,6 +76,14 @@ def _unexpected(what: str, exc: BaseException) -> str:
     log.warning("%s failed: %s: %s", log_text(what), type(exc).__name__, log_text(str(exc)))
     log.debug("the traceback of that failure", exc_info=exc)
     return f"{redact(what)} failed ({type(exc).__name__}); the details are in the server log."
+
+
+def _echoed_nonce(nonce) -> float | int | None:
+    """A load request's nonce as its answer carries it back: the page's own (a time.time()), or
+    None for what JSON cannot carry (an int of 2**64 or more failed the answer with HTTP 500)."""
+    if isinstance(nonce, bool) or not isinstance(nonce, (int, float)):
+        return None
+    return nonce if math.isfinite(nonce) and abs(nonce) < 2**63 else None
 
 
 def _requested_window(window) -> list[int] | None:
@@ -418,7 +427,7 @@ def register_callbacks(app, context: Context) -> None:
         # The URL shows the path in its one spelling: opened again, it names the same trial.
         return {"path": trial_spelling(path), "key": key, "start_us": span[0], "end_us": span[1],
                 "window": _requested_window(request.get("window")), "node": request.get("node"),
-                "from_cache": cached, "loaded": views.now_iso(), "nonce": request.get("nonce")}, (
+                "from_cache": cached, "loaded": views.now_iso(), "nonce": _echoed_nonce(request.get("nonce"))}, (
                     f"The server's cache could not keep this trial ({not_kept}): it is shown, and read "
                     f"again when needed." if not_kept else "")
 
@@ -846,7 +855,7 @@ def register_compare_callbacks(app, context: Context) -> None:
             return no_update, views.load_error_text(exc)
         except Exception as exc:  # noqa: BLE001
             return no_update, _unexpected(f"Loading {path}", exc)
-        return {"path": path, "key": key, "nonce": request.get("nonce")}, ""
+        return {"path": path, "key": key, "nonce": _echoed_nonce(request.get("nonce"))}, ""
 
     @app.callback(Output(Ids.COMPARE_SECTION, "className"), Output(Ids.COMPARE_BODY, "children"),
                   Output(Ids.COMPARE_ERROR, "children", allow_duplicate=True),
