@@ -420,7 +420,7 @@ def prediction_basis(predicted: dict) -> str:
     for the slow workers B no longer has."""
     if predicted["change"]:
         return "A's what-if with " + ", ".join(f"{k}={v}" for k, v in predicted["change"].items())
-    return "A's " + "; ".join(f"{fix['finding']} finding (worker {fix['worker_id']} of {fix['loader']} on "
+    return "A's " + "; ".join(f"{fix['finding']} prediction (worker {fix['worker_id']} of {fix['loader']} on "
                               f"{fix['node']} made as fast as the others)" for fix in predicted["fixes"])
 
 

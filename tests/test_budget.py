@@ -254,6 +254,16 @@ def test_a_prefetch_factor_torch_accepts_is_analyzed_and_its_what_ifs_stay_withi
     assert all(int(t["prefetch_factor"]) <= MAX_PREFETCH for t in tried if "prefetch_factor" in t), tried
 
 
+@pytest.mark.parametrize("recorded", [0, 2**62])
+def test_a_prefetch_factor_no_dataloader_has_is_ignored(tmp_path, recorded):
+    # A damaged init event: 2**62 overflowed the model's arithmetic and failed the analysis.
+    _slow_samples_job(str(tmp_path / "t"), {fmt.ARG_PREFETCH: recorded})
+    result = dashboard.analyze(str(tmp_path / "t"))
+    (budget,) = result.budget
+    assert budget.evidence["prefetch_factor"] == 2  # torch's default, as where none is recorded
+    assert "slow_samples" in [r.id for r in result.recommendations], result.recommendations
+
+
 @pytest.mark.parametrize("recorded", [-3, 5_000_000])
 def test_a_worker_count_no_dataloader_has_is_ignored_and_the_count_inferred(tmp_path, recorded):
     # A damaged init event: -3 failed the whole analysis, 5,000,000 sized its per-worker arrays

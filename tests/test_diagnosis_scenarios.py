@@ -765,7 +765,7 @@ def test_a_slow_worker_made_as_fast_as_the_others_saves_what_its_finding_predict
     assert comparison.predicted["training_s"] == pytest.approx(predictions[0]["training_s"], abs=1e-6)
     assert comparison.achieved["training_s"] == pytest.approx(fixed[0].books["training_s"],
                                                               abs=training_tolerance_s(fixed[0]))
-    assert (f"Predicted by A's slow_worker finding (worker {planted.books['settings']['slow_worker_id']} of "
+    assert (f"Predicted by A's slow_worker prediction (worker {planted.books['settings']['slow_worker_id']} of "
             in compare_text(planted.result, fixed[0].result, comparison))
 
 

@@ -55,6 +55,11 @@ def test_a_mildly_slow_worker_of_a_steady_loop_is_named():
     assert found.slow_worker == 1 and found.parts["imbalance"] > 0
     items = {r.id: r for r in result.recommendations}
     assert items["slow_worker"].evidence["worker_id"] == 1
+    # Its fix predicted without fetch times: the imbalance part taken off (the model's inferred
+    # service times spread the worker's slowness over both workers: replayed, it predicted 2.5x
+    # the part here, and nothing saved on planted trials).
+    fixed = items["slow_worker"].evidence["fixed_worker_predicted"]
+    assert fixed["training_s"] == pytest.approx(found.training_s - found.parts["imbalance"], abs=1e-6)
     # No sample was slow: worker 1's waits spread round to round (its books: 0.5-5.4 ms), and
     # 2x its median wait, the reference's outlier rule, lies inside that spread.
     assert "slow_samples" not in items and found.parts["tail"] == 0

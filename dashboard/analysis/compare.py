@@ -26,6 +26,7 @@ import pandas as pd
 from .. import format as fmt
 from .dataloader import iterator_classes
 from .diagnosis import WHAT_IF_KEYS, Assessment, LoaderBudget
+from .diagnosis.what_if import predict_worker_as_fast
 from ..trial.load import processes_of
 
 NOT_RECORDED = "not recorded"
@@ -193,7 +194,9 @@ def _predicted(a: Side, b: Side, pairs: list[LoaderPair]) -> tuple[dict | None, 
     budget = a.assessment.budget
     changes = {id(pair.a): what_if_change(pair) for pair in pairs if pair.a is not None}
     if not any(changes.values()):
-        fixed = _fixes_predicted(a, b, pairs)
+        # Only where nothing else differs either: a setting the what-if does not replay
+        # (pin_memory), or one only one run records, could be what removed the slow worker.
+        fixed = _fixes_predicted(a, b, pairs) if not _changes(pairs) else None
         if fixed is not None:
             return fixed, ""
         return None, "no DataLoader setting the what-if replays differs between the runs (where both record it)"
@@ -222,35 +225,29 @@ def _predicted(a: Side, b: Side, pairs: list[LoaderPair]) -> tuple[dict | None, 
             "wait_fraction": _fraction(wait, training)}, ""
 
 
-def _slow_worker_finding(side: Side, item: LoaderBudget):
-    """The side's slow_worker finding about that training loader (None: it has none)."""
-    for found in side.assessment.recommendations:
-        ev = found.evidence
-        if (found.id == SLOW_WORKER and ev.get("process") == item.process and ev.get("loader") == item.iterator
-                and ev.get("num_workers") == item.evidence.get("num_workers")):
-            return found
-    return None
-
-
 def _fixes_predicted(a: Side, b: Side, pairs: list[LoaderPair]) -> dict | None:
-    """Where no DataLoader setting changed: A's loaders with a slow worker that B's counterpart
-    no longer has (the job itself was changed: its data, its sampler), each as A's finding
-    predicted it with the worker made as fast as the others, the others as they are; None when
-    there is none."""
+    """Where no DataLoader setting changed: A's loaders with a slow worker (A's budget names it,
+    and A has the slow_worker finding of its iterator class) that B's counterpart no longer has
+    (the job itself was changed: its data, its sampler), each predicted as the finding predicts
+    it, with the worker made as fast as the others (diagnosis.what_if.predict_worker_as_fast),
+    the others as they are; None when there is none. By the budgets, not the findings: the
+    findings keep one slow_worker per iterator class of the whole job (the process where it
+    saves most), so a rank's own is not among them."""
+    found = {item.evidence.get("loader") for item in a.assessment.recommendations if item.id == SLOW_WORKER}
+    models = {id(item): model for model, item in zip(a.assessment.models, a.assessment.budget)}
     training = wait = 0.0
     fixes = []
     for pair in pairs:
         if pair.a is None:
             continue
-        found = _slow_worker_finding(a, pair.a)
-        if found is None or pair.b is None or _slow_worker_finding(b, pair.b) is not None:
+        worker = pair.a.slow_worker
+        if worker is None or pair.a.iterator not in found or pair.b is None or pair.b.slow_worker is not None:
             training, wait = training + pair.a.training_s, wait + pair.a.wait_s
             continue
-        then = found.evidence["fixed_worker_predicted"]
+        then = predict_worker_as_fast(models[id(pair.a)], pair.a, worker)
         training += then["training_s"]
         wait += then["wait_fraction"] * then["training_s"]
-        fixes.append({"finding": SLOW_WORKER, "node": pair.node, "loader": pair.a.loader,
-                      "worker_id": found.evidence["worker_id"]})
+        fixes.append({"finding": SLOW_WORKER, "node": pair.node, "loader": pair.a.loader, "worker_id": int(worker)})
     if not fixes:
         return None
     return {"change": {}, "fixes": fixes, "training_s": round(training, 6), "wait_fraction": _fraction(wait, training)}

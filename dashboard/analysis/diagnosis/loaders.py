@@ -41,8 +41,11 @@ TORCH_DEFAULT_PREFETCH = 2
 # negative one; a host runs no thousands of worker processes for one loader): it is ignored,
 # and the count found as where none was recorded (the GetNexts' own, the workers they name). Kept,
 # 5,000,000 sized the model's per-worker arrays and loops (a 180 kB trial took 60-84 s), and -3
-# failed the whole analysis. The same for a prefetch_factor below torch's least, 1.
+# failed the whole analysis. The same for a worker id that would make such a count, and for a
+# prefetch_factor below torch's least, 1, or beyond what fills any host's memory (2**62 overflowed
+# the model's arithmetic).
 MAX_RECORDED_WORKERS = 4096
+MAX_RECORDED_PREFETCH = 4096
 _EVAL_RE = re.compile(r"EVAL|PREDICT", re.IGNORECASE)
 _FAR = 2**62  # "no next GetNext"
 # The calls frame's columns read only while the processes and their loaders are found (each
@@ -404,10 +407,10 @@ def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
         matched = firsts.assign(**{c: pd.NA for c in columns[3:]}, init_start_us=pd.NA)
     workers = _plausible(matched["num_workers"].astype("Float64"), 0, MAX_RECORDED_WORKERS)
     seen = _plausible(matched["num_workers_seen"].astype("Float64"), 0, MAX_RECORDED_WORKERS)
-    matched["prefetch_factor"] = _plausible(matched["prefetch_factor"].astype("Float64"), 1, np.inf)
+    matched["prefetch_factor"] = _plausible(matched["prefetch_factor"].astype("Float64"), 1, MAX_RECORDED_PREFETCH)
     ids = matched["max_worker"].astype("Float64")
     # No init: the GetNexts' own count, else at least as many workers as the ids name.
-    workers = workers.fillna(seen).fillna(ids.where(ids >= 0) + 1)
+    workers = workers.fillna(seen).fillna(_plausible(ids + 1, 1, MAX_RECORDED_WORKERS))
     matched["workers"] = workers
     matched["has_init"] = matched["init_start_us"].notna()
     return matched

@@ -59,21 +59,29 @@ def today(budget: LoaderBudget) -> dict:
     return {"wait_fraction": _fraction(budget.wait_s, budget.training_s), "training_s": budget.training_s}
 
 
-def predict_worker_as_fast(model: PipelineModel | None, budget: LoaderBudget, worker: int) -> dict | None:
-    """The prediction ({"wait_fraction", "training_s"}) with `worker` made as fast as the others
-    (its speed their median): the slow_worker finding's own fix, a change to the job (its data,
-    its sampler), not to a setting. Replayed and calibrated as a setting's what-if: the other
-    workers then set the pace, and where they barely keep up with the loop its wait does not
-    fall by the whole imbalance part. (Re-runs of the slow_worker scenario with the worker fixed,
-    4 groups A B B A each way: the part alone predicted 0.09-0.16 too little of training waiting,
-    quiet and loaded; this, 0.00-0.07, and training 2 % under to 18 % over theirs. tests/test_diagnosis_scenarios.py re-runs it.) None where
-    the loader cannot be replayed."""
-    if model is None or not 0 <= worker < len(model.speed) or len(model.speed) < 2:
-        return None
-    speed = model.speed.copy()
-    speed[worker] = float(np.median(np.delete(speed, worker)))
-    as_fast = replaced(model, speed=speed)
-    wait = _calibrated(budget.wait_s * 1e6, model.today_us, replay(as_fast, model.settings)) / 1e6
+def predict_worker_as_fast(model: PipelineModel | None, budget: LoaderBudget, worker: int) -> dict:
+    """The prediction ({"wait_fraction", "training_s"}) with `worker` made as fast as the others:
+    the slow_worker finding's own fix, a change to the job (its data, its sampler), not to a
+    setting.
+
+    Where the collector measured the fetch times, the model is replayed with the worker's speed
+    the others' median and calibrated as a setting's what-if: the other workers then set the
+    pace, and where they barely keep up with the loop the wait falls by less than the imbalance
+    part. (Re-runs of the slow_worker scenario with the worker fixed, 4 groups A B B A each way:
+    the part alone predicted 0.09-0.16 too little of training waiting, quiet and loaded; this
+    0.00-0.07, training 2 % under to 18 % over theirs. tests/test_diagnosis_scenarios.py re-runs
+    it.) Without fetch times a worker's slowness is known from its batches' waits alone, which
+    the model's inferred service times spread over every worker (a replay then saved nothing on
+    planted trials of a slow worker): the prediction is the budget's imbalance part taken off,
+    all the trial says (torch.profiler recordings, 2 workers, worker 1 15 ms a sample: the part
+    108-110 ms, fixing it saved 90-107 ms)."""
+    if model is not None and model.service_measured and 0 <= worker < len(model.speed) and len(model.speed) > 1:
+        speed = model.speed.copy()
+        speed[worker] = float(np.median(np.delete(speed, worker)))
+        wait = _calibrated(budget.wait_s * 1e6, model.today_us,
+                           replay(replaced(model, speed=speed), model.settings)) / 1e6
+    else:
+        wait = max(budget.wait_s - budget.parts["imbalance"], 0.0)
     training = max(budget.training_s - (budget.wait_s - wait), 1e-9)
     return {"wait_fraction": _fraction(wait, training), "training_s": round(training, 6)}
 

@@ -37,7 +37,7 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     # The finding's first change is to the job, the worker made as fast as the others; then the
     # setting that hides it meanwhile.
     fixed = predict_worker_as_fast(ctx.model, budget, worker)
-    advice = "" if fixed is None else prediction_sentence(today(budget), fixed, "Made as fast as the others, predicted")
+    advice = prediction_sentence(today(budget), fixed, "Made as fast as the others, predicted")
     if loader.in_order and helps:
         advice += (" Until then, `in_order=False` on the DataLoader (torch >= 2.6) lets the other workers' "
                    "batches through, at the cost of batch order." + predicted_text(result))
