@@ -5,8 +5,8 @@ prefetch_factor, in_order, persistent_workers. The prediction is the replay unde
 changed settings, scaled by today's measured wait over today's replay (see _calibrated);
 the compute between batches is the same (but for what persistent workers spare after each
 start), so training time falls by the seconds the wait does. A loader without a recorded worker
-count cannot be replayed: its prediction is None, and says why. predict_worker_as_fast replays one
-change to the job itself the same way: a slow worker made as fast as the others.
+count cannot be replayed: its prediction is None, and says why. predict_worker_as_fast predicts one
+change to the job itself: a slow worker made as fast as the others.
 """
 from __future__ import annotations
 

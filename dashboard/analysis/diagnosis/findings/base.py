@@ -78,7 +78,6 @@ def prediction_sentence(now: dict, then: dict, lead: str = "Predicted") -> str:
             f"(saves {duration_s(max(saving, 0.0))}).")
 
 
-
 def batch_list(calls: pd.DataFrame, rows) -> list[dict]:
     """Batches for evidence: iterator number (1.. in time order), batch (its number in its epoch;
     in one a recording began in, as rounds.py places it: from at least a round before the
