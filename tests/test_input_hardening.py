@@ -26,7 +26,7 @@ from dashboard.synthetic import write_trial
 from dashboard.web import views
 from tests.conftest import free_port
 from tests.dash_http import DashSession
-from tests.test_server_hardening import POLL_S, TRACEBACK, AppServer, load, loaded_store, server_env
+from tests.test_server_hardening import POLL_S, TRACEBACK, load, loaded_store, running, server_env
 
 # Lookahead in front of nested quantifiers: Python's `re` backtracks 2**26 ways at each of the last
 # 26 places of a text without "#" (minutes of one thread, holding the GIL: the server stalled).
@@ -47,14 +47,10 @@ def served(tmp_path_factory):
     endpoint = f"http://{ENDPOINT_USER}:{ENDPOINT_SECRET}@127.0.0.1:{free_port()}"
     env = server_env(tmp, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="AKIAFAKEFORTESTS",
                      AWS_SECRET_ACCESS_KEY="fake-secret-for-tests", AWS_DEFAULT_REGION="us-east-1")
-    server = AppServer(str(tmp / "server.log"), "serve", "--cache-dir", str(tmp / "cache"), "--data-root",
-                       str(data), env=env)
-    try:
-        server.wait_ready()
+    with running(str(tmp / "server.log"), "serve", "--cache-dir", str(tmp / "cache"), "--data-root", str(data),
+                 env=env) as server:
         server.trial, server.written = trial, written
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -111,6 +111,16 @@ class AppServer:
             self.process.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def running(log_path: str, *args: str, env: dict):
+    """An AppServer of these arguments, ready; stopped when the block ends, however it ends."""
+    server = AppServer(log_path, *args, env=env)
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
 def start_servers(tmp_path, count: int, *args: str, env: dict | None = None) -> list[AppServer]:
     servers = [AppServer(str(tmp_path / f"server-{i}.log"), *args, env=env or server_env(tmp_path))
                for i in range(count)]
@@ -653,14 +663,10 @@ def served(s3, tmp_path_factory):
     env = server_env(tmp, AWS_ENDPOINT_URL_S3=s3.endpoint, AWS_ACCESS_KEY_ID=FAKE_KEY_ID,
                      AWS_SECRET_ACCESS_KEY=FAKE_SECRET, AWS_SESSION_TOKEN=FAKE_TOKEN,
                      AWS_DEFAULT_REGION="us-east-1")
-    server = AppServer(str(tmp / "server.log"), "serve", "--cache-dir", str(cache), "--data-root", str(data),
-                       env=env)
-    try:
-        server.wait_ready()
+    with running(str(tmp / "server.log"), "serve", "--cache-dir", str(cache), "--data-root", str(data),
+                 env=env) as server:
         server.data, server.cache = data, cache
         yield server
-    finally:
-        server.stop()
 
 
 def cache_keys(cache) -> set:
@@ -744,13 +750,9 @@ def test_without_a_limit_on_loads_a_killed_load_is_told_too(s3, tmp_path):
     # Dash's own manager's then, and the killed load's page stopped waiting without a word).
     env = server_env(tmp_path, AWS_ENDPOINT_URL_S3=s3.endpoint, AWS_ACCESS_KEY_ID=FAKE_KEY_ID,
                      AWS_SECRET_ACCESS_KEY=FAKE_SECRET, AWS_SESSION_TOKEN=FAKE_TOKEN, AWS_DEFAULT_REGION="us-east-1")
-    server = AppServer(str(tmp_path / "server.log"), "serve", "--cache-dir", str(tmp_path / "cache"),
-                       "--max-loads", "0", env=env)
-    try:
-        server.wait_ready()
+    with running(str(tmp_path / "server.log"), "serve", "--cache-dir", str(tmp_path / "cache"),
+                 "--max-loads", "0", env=env) as server:
         killed_load_is_told(s3, server, tmp_path, PREFIX + "-killed-unlimited")
-    finally:
-        server.stop()
 
 
 def killed_load_is_told(s3, served, tmp_path, prefix: str) -> None:

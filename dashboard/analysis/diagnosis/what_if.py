@@ -82,8 +82,14 @@ def predict_worker_as_fast(model: PipelineModel | None, budget: LoaderBudget, wo
                            replay(replaced(model, speed=speed), model.settings)) / 1e6
     else:
         wait = max(budget.wait_s - budget.parts["imbalance"], 0.0)
-    training = max(budget.training_s - (budget.wait_s - wait), 1e-9)
-    return {"wait_fraction": _fraction(wait, training), "training_s": round(training, 6)}
+    return _predicted(budget, wait)
+
+
+def _predicted(budget: LoaderBudget, wait_s: float, compute_saved_s: float = 0.0) -> dict:
+    """A prediction from the loader's predicted wait: the compute between batches stays (but for
+    `compute_saved_s`), so training falls by the seconds the wait does."""
+    training = max(budget.training_s - (budget.wait_s - wait_s) - compute_saved_s, 1e-9)
+    return {"wait_fraction": _fraction(wait_s, training), "training_s": round(training, 6)}
 
 
 def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> WhatIf:
@@ -94,13 +100,11 @@ def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> 
                       "the trial does not record this loader's num_workers: it cannot be replayed")
     settings = model.settings.changed(change)
     wait = _calibrated(budget.wait_s * 1e6, model.today_us, replay(model, settings)) / 1e6
-    saved = budget.wait_s - wait
     # Workers that start once also spare the main process's slower compute after each start.
     compute_saved = 0.0
     if settings.persistent_workers and not model.settings.persistent_workers and settings.num_workers:
         # (the starts after the first iterator's: its own, where the recording saw one, stays)
         compute_saved = model.startup_compute_us * int(model.recreated[1:].sum()) / 1e6
-    training = max(budget.training_s - saved - compute_saved, 1e-9)
     note = "" if model.service_measured else "service times inferred from the main process's waits (an estimate)"
-    return WhatIf(budget.node, budget.process, budget.loader, change, now,
-                  {"wait_fraction": _fraction(wait, training), "training_s": round(training, 6)}, note)
+    return WhatIf(budget.node, budget.process, budget.loader, change, now, _predicted(budget, wait, compute_saved),
+                  note)
