@@ -30,7 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 APP = os.path.join(os.path.dirname(HERE), "app.py")
 sys.path.insert(0, os.path.dirname(HERE))
-from stats import run_watching_shared_memory, spread  # noqa: E402  (bench/, the script's own folder)
+from stats import compile_project, run_watching_shared_memory, spread  # noqa: E402  (bench/, the script's own folder)
 from trials import trial_of_size  # noqa: E402
 
 
@@ -59,6 +59,7 @@ def main() -> int:
         child(*args.child)
         return 0
     folder = trial_of_size(args.size)
+    compile_project()
     newest = max(glob.glob(os.path.join(folder, "framework", "**", "*.json"), recursive=True))
     found: dict[str, list] = {"cold": [], "filling": [], "changed": [], "kept": []}
     for _ in range(args.runs):  # (interleaved: the host's speed drifts)

@@ -36,7 +36,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from stats import run_watching_shared_memory, spread  # noqa: E402  (bench/, the script's own folder)
+from stats import compile_project, run_watching_shared_memory, spread  # noqa: E402  (bench/, the script's own folder)
 from trials import cached_trial  # noqa: E402
 
 
@@ -172,6 +172,7 @@ def main() -> int:
         return 0
     t0 = time.perf_counter()
     folder = make_trial(args.batches)
+    compile_project()
     print(f"trial: {folder} ({framework_mb(folder):.0f} MB framework JSON, ready in {time.perf_counter() - t0:.1f} s)")
     runs = []
     for _ in range(args.runs):

@@ -117,7 +117,8 @@ class _ColumnBuilder:
         if self.valid is None:
             return self.data
         kind = pd.arrays.BooleanArray if self.data.dtype == np.bool_ else pd.arrays.IntegerArray
-        return kind(self.data, ~self.valid)
+        # A column with every value (pid, step): its mask of zeros from calloc, never written.
+        return kind(self.data, np.zeros(len(self.valid), dtype=bool) if self.valid.all() else ~self.valid)
 
 
 TRIM_EVERY_BYTES = 8 << 20  # of tables copied into the frame (_columns_of)
@@ -196,9 +197,11 @@ def _is_missing_column(values) -> bool:
 
 
 def take_column(values, positions: np.ndarray):
-    """A column's values at those positions; a column without a value stays unwritten
-    (missing_column) instead of being copied."""
-    if _is_missing_column(values):
+    """A column's values at those positions; where it has no value at any of them (a column
+    without a value, or the settings columns at the GetNexts of a reference trial), they stay
+    unwritten (missing_column) instead of being copied."""
+    if _is_missing_column(values) or (isinstance(values, (pd.arrays.IntegerArray, pd.arrays.BooleanArray))
+                                      and bool(values.isna()[positions].all())):
         return missing_column(len(positions), values.dtype)
     return values.take(positions)
 

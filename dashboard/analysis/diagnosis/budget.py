@@ -318,8 +318,12 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
         steady = ~first_round
         base_by_worker = _per_worker_median(g, worker, steady, workers)
         base = base_by_worker[worker]
-        excess = np.maximum(g - base, 0.0)
-        tail_mask = steady & (g > np.maximum(TAIL_FACTOR * base, base + TAIL_MIN_US))
+        excess = g - base
+        np.maximum(excess, 0.0, out=excess)
+        # Above both TAIL_FACTOR x its worker's median and that median + TAIL_MIN_US, compared
+        # one at a time (each array of 3M batches is 24 MB, here near the assessment's peak).
+        tail_mask = steady & (g > TAIL_FACTOR * base)
+        tail_mask &= g > base + TAIL_MIN_US
         if model.service_measured:
             tail_mask &= _slow_fetch(model)
         else:
@@ -332,7 +336,7 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
         if slow is not None:
             others = float(np.max(np.delete(base_by_worker, slow)))
             mine = worker == slow
-            imbalance = float(np.sum(np.maximum(np.minimum(g, base)[mine] - others, 0.0)))
+            imbalance = float(np.sum(np.maximum(np.minimum(g[mine], base[mine]) - others, 0.0)))
             on_tail = tail_mask & mine  # its stalls, when they are what makes it slow
             if not model.service_measured and "p_value" in slow_evidence:
                 tail_mask = tail_mask & ~on_tail
@@ -340,6 +344,8 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                 parts["tail"] -= float(np.sum(excess[on_tail]))
                 steady_wait += float(np.sum(excess[on_tail]))
             parts["imbalance"] = min(imbalance, steady_wait)
+        startup_batches = first_round & (excess > 0)
+        del base, excess  # (let go before the work below: the assessment's peak memory is here)
         throughput = steady_wait - parts["imbalance"]
         # Throughput's batches: steady ones that are neither stalls nor the slow worker's.
         plain = steady & ~tail_mask & (worker != slow if slow is not None else True)
@@ -379,7 +385,7 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                          # (cpu + run-queue wait) / cpu of the fetches, measured: not the
                          # contention part, which is the hand-over's
                          "fetch_cpu_stretch": None if model.contention is None else round(model.contention, 3)})
-        windows = _part_windows(loader, first_round & (excess > 0), tail_mask,
+        windows = _part_windows(loader, startup_batches, tail_mask,
                                 worker == slow if slow is not None else None, contended)
     evidence["bound_estimated"] = estimated
     seconds = {k: round(v / 1e6, 6) for k, v in parts.items()}
@@ -518,14 +524,19 @@ def _part_windows(loader: Loader, first_round, tail_mask, slow_mask, contended, 
     wait = calls["duration_us"].to_numpy()
 
     def longest(mask):
-        rows = np.flatnonzero(mask)
-        if len(rows) > limit:
+        count = int(np.count_nonzero(mask))
+        if count > limit:
             # The `limit` longest without sorting them all (0.3 s at 3M batches): those above the
             # limit-th longest wait, then the first of those equal to it, as a stable sort has them.
-            values = wait[rows]
-            kth = np.partition(values, len(values) - limit)[len(values) - limit]
-            above = rows[values > kth]
-            rows = np.sort(np.concatenate([above, rows[values == kth][:limit - len(above)]]))
+            # (One array of the waits, partitioned in place: this runs at the assessment's peak.)
+            values = wait[mask]
+            values.partition(count - limit)
+            kth = values[count - limit]
+            del values
+            above = np.flatnonzero(mask & (wait > kth))
+            rows = np.sort(np.concatenate([above, np.flatnonzero(mask & (wait == kth))[:limit - len(above)]]))
+        else:
+            rows = np.flatnonzero(mask)
         rows = rows[np.argsort(-wait[rows], kind="stable")][:limit]
         return [(int(start[r]), int(end[r])) for r in rows]
 

@@ -240,9 +240,11 @@ def _training_steps(framework: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     if len(rows):
         phase, name = framework["phase"].iloc[rows], framework["name"].iloc[rows]
         rows = rows[~(_matches(phase, _EVAL_RE) | _matches(name, _EVAL_RE))]
-    start = framework["start_us"].to_numpy()[rows]
-    order = np.argsort(start, kind="stable")
-    return start[order], framework["end_us"].to_numpy()[rows][order]
+    start, end = framework["start_us"].to_numpy()[rows], framework["end_us"].to_numpy()[rows]
+    # By start, stably; a frame's rows are by start already (frames.framework_frame), so the
+    # sort most often moves nothing, and is not made (0.2 s and 72 MB at the assessment's peak
+    # at 3M steps).
+    return ordered_by(lexsort_or_none(start), start, end)
 
 
 def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -255,27 +257,38 @@ def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.
     """
     if not len(starts) or calls.empty:
         return np.full(len(calls), -1)
+    # In place where it can be: this runs at the assessment's peak memory (the calls frame and
+    # the steps held), where each array of 3M GetNexts is 24 MB.
     call_start = calls["start_us"].to_numpy()
-    next_start = calls["next_start_us"].to_numpy()
-    before = np.searchsorted(starts, call_start, side="right") - 1
-    containing = (before >= 0) & (ends[np.clip(before, 0, None)] > call_start)
-    after = np.searchsorted(starts, call_start, side="left")
-    following = (after < len(starts)) & (starts[np.clip(after, None, len(starts) - 1)] < next_start)
-    own = np.where(containing, before, np.where(following, after, -1))
+    before = np.searchsorted(starts, call_start, side="right")
+    before -= 1
+    containing = ends[np.maximum(before, 0)] > call_start
+    containing &= before >= 0
+    own = np.searchsorted(starts, call_start, side="left")  # the first step starting at or after the call
+    following = starts[np.minimum(own, len(starts) - 1)] < calls["next_start_us"].to_numpy()
+    following &= own < len(starts)
+    own[~following] = -1
+    del following
+    np.copyto(own, before, where=containing)
+    del before
     # (pid, own step) pairs seen before, as one integer key: hashing two columns of a frame took
     # 0.3 s at 3M GetNexts, this 0.1 s. Where the keys of the calls that fed a step never
     # decrease (one pid's calls in time order, the usual case), a key was seen before only if its
     # predecessor among them is the same: a look back, not a hash (0.2 s less). The calls that
     # fed none are not containing ones: whether their key was seen decides nothing.
-    pid_codes = pd.factorize(calls["pid"].to_numpy())[0].astype(np.int64)
-    key = pid_codes * (len(starts) + 1) + (own + 1)
+    key = pd.factorize(calls["pid"].to_numpy())[0].astype(np.int64, copy=False)
+    key *= len(starts) + 1
+    key += own
+    key += 1
     fed = np.flatnonzero(own >= 0)
     if bool(np.all(key[fed[1:]] >= key[fed[:-1]])):
         later_in_step = np.zeros(len(key), dtype=bool)
         later_in_step[fed[1:]] = key[fed[1:]] == key[fed[:-1]]
     else:
         later_in_step = pd.Series(key).duplicated().to_numpy()
-    return np.where(later_in_step & containing, -1, own)
+    del key, fed
+    own[later_in_step & containing] = -1
+    return own
 
 
 # --- system ------------------------------------------------------------------------------
@@ -344,12 +357,11 @@ def _calls_frame(framework: pd.DataFrame, found: CallSegments | None = None) -> 
     # The next GetNext of the same process (any iterator): by (process, pid, start). Mostly the
     # order they are in already (call_segments'), where a sort would cost 0.4 s at 3M GetNexts.
     by_process = lexsort_or_none(start, pid, process_key)
-    if by_process is None:
-        by_process = np.arange(len(rows))
-    process_in, pid_in, start_in = process_key[by_process], pid[by_process], start[by_process]
+    process_in, pid_in, start_in = ordered_by(by_process, process_key, pid, start)
     same = (process_in[1:] == process_in[:-1]) & (pid_in[1:] == pid_in[:-1])
+    del process_in, pid_in
     next_start = np.full(len(rows), _FAR, dtype=np.int64)
-    next_start[by_process[:-1]] = np.where(same, start_in[1:], _FAR)
+    next_start[slice(None, -1) if by_process is None else by_process[:-1]] = np.where(same, start_in[1:], _FAR)
 
     def column(name: str):
         return take_column(framework[name].array, rows)
@@ -363,7 +375,15 @@ def _calls_frame(framework: pd.DataFrame, found: CallSegments | None = None) -> 
         "worker_id": column("worker_id"), "num_workers": column("num_workers"),
         "iterator_id": column("iterator_id"), "segment": segment_ids, "index": index_in_segment,
         "next_start_us": next_start, "compute_us": next_start_in_segment - end},
-        copy=False).set_axis(framework.index[rows])
+        copy=False).set_axis(_labels_at(framework.index, rows))
+
+
+def _labels_at(index: pd.Index, rows: np.ndarray) -> pd.Index:
+    """index[rows]: `rows` itself where the labels are the positions (a frame's default index),
+    not a copy of it (24 MB at 3M GetNexts, held through the assessment)."""
+    if isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1:
+        return pd.Index(rows, copy=False)
+    return index[rows]
 
 
 def _inits_frame(framework: pd.DataFrame) -> pd.DataFrame:
@@ -425,9 +445,13 @@ def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: n
     keys = ["pid", "cls", "workers", "pin_memory", "persistent_workers", "prefetch_factor", "in_order"]
     configs["loader"] = configs.groupby(keys, dropna=False, sort=False, observed=True).ngroup().to_numpy()
     loader_of = pd.Series(configs["loader"].to_numpy(), index=configs["segment"].to_numpy())
-    calls = calls.assign(loader=loader_of.reindex(calls["segment"].to_numpy()).to_numpy())
+    loader_of_call = loader_of.reindex(calls["segment"].to_numpy()).to_numpy()
+    loader_ids = pd.unique(loader_of_call)  # in order of first call, as a group-by without sorting
     out = []
-    for loader_id, group in calls.groupby("loader", sort=False):
+    for loader_id in loader_ids:
+        # Most often one loader: all the calls, not a copy of them (a group-by's split sorted and
+        # copied the calls frame at the assessment's peak memory, 100 MB at 3M GetNexts).
+        group = calls if len(loader_ids) == 1 else calls[loader_of_call == loader_id]
         mine = configs[configs["loader"] == loader_id]
         first = mine.iloc[0]
         workers = _optional(first["workers"], int)
@@ -446,7 +470,7 @@ def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: n
             pin_memory=_optional(first["pin_memory"], bool), persistent=persistent,
             persistent_recorded=recorded is not None, prefetch_factor=prefetch,
             in_order=True if in_order is None else in_order,
-            calls=group.drop(columns=["loader", *_FINDING_ONLY]),
+            calls=group.drop(columns=_FINDING_ONLY),
             seen_from_start=seen_from_start & frozenset(mine["segment"].tolist())))
     out.sort(key=lambda loader: -loader.wait_us)
     return out

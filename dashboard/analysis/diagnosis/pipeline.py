@@ -428,8 +428,12 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         model.mean_latency_us = float(np.mean(base - cpu_base)) if n else 0.0
         # A loader without workers loads in one process, as one worker would: same contention.
         sigma = model.stretch(max(workers, 1))
-        model.latency_base_us = np.maximum(base - cpu_base * sigma, 0.0)
+        latency = cpu_base * sigma
+        np.subtract(base, latency, out=latency)
+        model.latency_base_us = np.maximum(latency, 0.0, out=latency)
         model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
+    # Let go before the replay: the arrays of the batches held here were the assessment's peak.
+    del per_speed, base, cpu
     model.contention = contention
     model.startup_compute_us = startup_compute
     model.replay_segments, model.replay_scale, model.replay_cap, model.replay_beyond = _sample(segment, segments)
@@ -531,16 +535,30 @@ def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers,
     n = len(wait)
     ready_known = wait > delivery + READY_SLACK_US
     ready = np.where(ready_known, ret - delivery, np.nan)
-    pos = np.arange(n)
-    same_back = lambda k: (pos - k >= 0) & (segment[np.clip(pos - k, 0, None)] == segment) & (index >= k)  # noqa: E731
+
+    def same_back(k: int) -> np.ndarray:
+        """Whether the batch k places earlier is of the same iterator's same epoch (k >= 1)."""
+        same = np.zeros(n, dtype=bool)
+        if k < n:
+            same[k:] = (segment[:n - k] == segment[k:]) & (index[k:] >= k)
+        return same
+
+    def back(values: np.ndarray, k: int, same: np.ndarray, otherwise: np.ndarray) -> np.ndarray:
+        """`otherwise` (an array of its own) with the value of the batch k places earlier
+        where `same` (never in the first k)."""
+        if k < n:
+            np.copyto(otherwise[k:], values[:n - k], where=same[k:])
+        return otherwise
+
+    # In place, each array let go once read, and shifted as slices, not gathered: an array of
+    # the batches is 24 MB at 3M GetNexts, and those held here were the assessment's peak.
     # sent at the return of the batch `prefetch` places earlier (primed at the start)
     has_sender = same_back(prefetch)
-    sent = np.where(has_sender, ret[np.clip(pos - prefetch, 0, None)], first_ask[segment])
+    sent = back(ret, prefetch, has_sender, first_ask[segment])
     has_previous = same_back(workers)
-    previous_ready = np.where(has_previous, ready[np.clip(pos - workers, 0, None)], np.nan)
-    # In place, each array let go once read: an array of the batches is 24 MB at 3M GetNexts,
-    # and those held here were the assessment's peak.
-    service = ready - np.fmax(sent, previous_ready)
+    previous_ready = back(ready, workers, has_previous, np.full(n, np.nan))
+    service = np.fmax(sent, previous_ready, out=sent)
+    np.subtract(ready, service, out=service)
     del sent, has_sender
     service[~(ready_known & has_previous & np.isfinite(previous_ready))] = np.nan
     del has_previous, previous_ready
