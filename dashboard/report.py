@@ -118,6 +118,9 @@ def to_dict(result: TrialAnalysis, what_if: list[dict] | tuple = ()) -> dict:
         "processes": [process_dict(p) for p in processes],
         "files": trial.report.to_dict(),
         "lines_skipped": trial.report.lines_skipped,
+        # Values of kept events read as missing: not of their field's type.
+        "values_ignored": trial.report.values_ignored,
+        # The files with skipped lines or ignored values, and what in each.
         "lines_skipped_in": [{"path": f.path, "reason": f.reason}
                              for f in trial.report.files_with_skipped_lines],
         "initialization": {
@@ -273,11 +276,13 @@ def to_text(result: TrialAnalysis, max_rows: int = 10, what_if: list[dict] | tup
              f"  span {iso_utc(trial.start_us)} .. {iso_utc(trial.end_us)}; nodes: {', '.join(data['nodes']) or '-'}; "
              f"processes: {len(data['processes'])}",
              f"  files read {data['files']['read']}, skipped {len(data['files']['skipped'])}; "
-             f"lines skipped {data['lines_skipped']}"]
+             f"lines skipped {data['lines_skipped']}"
+             + (f", values ignored {data['values_ignored']}" if data["values_ignored"] else "")]
     for skipped in data["files"]["skipped"][:max_rows]:
         lines.append(f"    skipped {skipped['path']}: {skipped['reason']}")
     for item in trial.report.files_with_skipped_lines[:max_rows]:
-        lines.append(f"    lines skipped in {item.path}: {item.reason}")
+        what = "lines skipped" if trial.report.lines_skipped_by_path.get(item.path) else "values ignored"
+        lines.append(f"    {what} in {item.path}: {item.reason}")
 
     def section(title, part, unit_key="median_us"):
         lines.append("")

@@ -28,6 +28,7 @@ def kept(trial) -> dict:
         "system": len(trial.system),
         "files_read": report.files_read,
         "lines_skipped": report.lines_skipped,
+        "values_ignored": report.values_ignored,
         "files_skipped": sorted((s.path, s.reason) for s in report.files_skipped),
         "files_with_skipped_lines": sorted((s.path, s.reason) for s in report.files_with_skipped_lines),
     }

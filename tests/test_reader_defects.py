@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -247,3 +249,105 @@ def test_a_broken_event_among_sorted_keys_is_counted_and_the_rest_kept(recording
     assert getnext_starts(parsed.table) == sorted(wall_us(recording["doc"], e["ts"]) for e in others)
     assert parsed.lines_skipped == 1
     assert parsed.problems == ["1 DataLoader/step event(s) are not valid events"]
+
+
+# --- 5. values not of their field's type were read as missing, unsaid -----------------------
+
+def _lines_of(path: str) -> list[str]:
+    with open(path) as handle:
+        return handle.read().splitlines()
+
+
+def _rewrite(path: str, lines: list[str]) -> None:
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def _sample_with_wrong_types(tmp_path) -> tuple[str, str, str]:
+    """The bundled trial with 6 values of kept events and samples not of their field's type:
+    in its first framework file, a worker id as text, an iterator id beyond int64, a step
+    number that is no whole number and an event whose args are a number; in its first system
+    file, a Dimension and a NodeId that are no text."""
+    folder = str(tmp_path / "trial")
+    shutil.copytree(SAMPLE, folder)
+    framework = sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "framework"))
+                       for n in names)[0]
+    lines = _lines_of(framework)
+    getnexts = [i for i, line in enumerate(lines) if "::GetNext" in line and '"worker_id"' in line]
+    changes = [("worker_id", "one"), ("iterator_id", 10**20), ("step_num", "x7")]
+    for at, (key, value) in zip(getnexts, changes):
+        event = json.loads(lines[at].rstrip(","))
+        event["args"][key] = value
+        lines[at] = json.dumps(event) + ","
+    event = json.loads(lines[getnexts[3]].rstrip(","))
+    event["args"] = 5
+    lines[getnexts[3]] = json.dumps(event) + ","
+    _rewrite(framework, lines)
+    system = sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "system")) for n in names)[0]
+    lines = _lines_of(system)
+    records = [json.loads(line) for line in lines]
+    records[0]["Dimension"], records[1]["NodeId"] = 5, [1]
+    _rewrite(system, [json.dumps(r) for r in records])
+    return folder, os.path.relpath(framework, folder), os.path.relpath(system, folder)
+
+
+def _events(trial) -> list:
+    fw = trial.framework
+    return sorted(zip(fw["process"].astype(str), fw["name"].astype(str), fw["start_us"].tolist(),
+                      fw["end_us"].tolist()))
+
+
+def test_values_not_of_their_fields_type_are_counted_and_their_events_kept(tmp_path):
+    folder, framework, system = _sample_with_wrong_types(tmp_path)
+    clean, trial = load_trial(SAMPLE), load_trial(folder)
+    assert _events(trial) == _events(clean) and len(trial.system) == len(clean.system)
+    report = trial.report
+    assert report.lines_skipped == clean.report.lines_skipped == 0
+    assert report.values_ignored_by_path == {framework: 4, system: 2}
+    reasons = {s.path: s.reason for s in report.files_with_skipped_lines}
+    assert set(reasons) == {framework, system}
+    for field_name in ("args.worker_id 1", "args.iterator_id 1", "args.step_num 1", "args 1"):
+        assert field_name in reasons[framework], reasons[framework]
+    assert "Dimension 1" in reasons[system] and "NodeId 1" in reasons[system], reasons[system]
+    # Read as missing: the worker id and the step of those GetNexts, the sample's node as host.
+    fw = trial.framework
+    getnext = fw[fw["name"].astype(str).str.endswith("::GetNext")]
+    assert int(getnext["worker_id"].isna().sum()) == int(clean.framework.loc[getnext.index, "worker_id"].isna().sum()) + 2
+    assert set(trial.system["node"].astype(str)) == set(clean.system["node"].astype(str))
+
+
+def test_values_ignored_are_in_the_report_the_cache_and_the_workers(tmp_path):
+    from dashboard.report import to_dict, to_text
+    from dashboard.trial.columnar_cache import ColumnarFileCache
+    from dashboard.web import layout, views
+    from dashboard.api import analyze
+    from tests.forked_load import kept
+
+    folder, framework, system = _sample_with_wrong_types(tmp_path)
+    result = analyze(folder)
+    data = to_dict(result)
+    assert data["values_ignored"] == 6 and data["lines_skipped"] == 0
+    assert {item["path"] for item in data["lines_skipped_in"]} == {framework, system}
+    text = to_text(result)
+    assert "lines skipped 0, values ignored 6" in text
+    assert f"values ignored in {framework}: 4 value(s)" in text
+    summary = views.summary(result.trial)
+    assert summary["values_ignored"] == 6
+    assert "Values ignored" in str(layout.facts_component(summary))
+    # A clean trial says nothing of them.
+    assert "values ignored" not in to_text(analyze(SAMPLE)) and to_dict(analyze(SAMPLE))["values_ignored"] == 0
+
+    cache = ColumnarFileCache(str(tmp_path / "columns"))
+    first = load_trial(folder, file_cache=cache)
+    store = CountingStore(LocalStore(folder))
+    again = load_trial(folder, file_cache=ColumnarFileCache(str(tmp_path / "columns")), store=store)
+    assert store.reads == []  # (each file's parse from the columns kept)
+    assert first.report.values_ignored_by_path == again.report.values_ignored_by_path == {framework: 4, system: 2}
+    assert again.report.files_with_skipped_lines == first.report.files_with_skipped_lines
+
+    forked = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "tests", "forked_load.py"),
+                             folder], capture_output=True, text=True, timeout=120)
+    assert forked.returncode == 0, forked.stderr
+    forked_kept = json.loads(forked.stdout)
+    assert forked_kept.pop("forked") == [2]
+    assert forked_kept == json.loads(json.dumps(kept(result.trial)))

@@ -138,7 +138,8 @@ def _encode(entry: ParsedEntry) -> tuple[bytes, pa.Buffer]:
     """The file's header and its Arrow IPC body."""
     parsed = entry.parsed
     meta = json.dumps({"digest": entry.digest.hex(), "nbytes": entry.nbytes,
-                       "lines_skipped": parsed.lines_skipped, "problems": parsed.problems}).encode()
+                       "lines_skipped": parsed.lines_skipped, "problems": parsed.problems,
+                       "values_ignored": parsed.values_ignored}).encode()
     table = without_null_columns(parsed.table)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META: meta})
     sink = pa.BufferOutputStream()
@@ -160,5 +161,6 @@ def _decode(buffer: pa.Buffer) -> ParsedEntry | None:
     table = with_null_columns(table).replace_schema_metadata(None)
     if not any(table.schema.equals(schema) for schema in _SCHEMAS):
         return None  # columns of another version of the frames
-    parsed = ParsedFile(table, int(meta["lines_skipped"]), [str(p) for p in meta["problems"]])
+    parsed = ParsedFile(table, int(meta["lines_skipped"]), [str(p) for p in meta["problems"]],
+                        values_ignored=int(meta["values_ignored"]))
     return ParsedEntry(parsed, bytes.fromhex(meta["digest"]), int(meta["nbytes"]))

@@ -49,13 +49,14 @@ class SkippedFile:
 class LoadReport:
     """What was read and what was skipped, and why. Skips are reported, never silent."""
     files_skipped: list[SkippedFile] = field(default_factory=list)
-    # Files read with some lines skipped: (path, reason).
+    # Files read with some lines skipped or values ignored (ParsedFile.values_ignored): (path, reason).
     files_with_skipped_lines: list[SkippedFile] = field(default_factory=list)
     # Which files were read, and the lines skipped in each (the counts are read from them): a
     # report can be narrowed to some of its files (restricted_to), as per-rank work needs for
     # the files several ranks read.
     read_paths: list[str] = field(default_factory=list, repr=False)
     lines_skipped_by_path: dict[str, int] = field(default_factory=dict, repr=False)
+    values_ignored_by_path: dict[str, int] = field(default_factory=dict, repr=False)
     # Per file, what per-rank work checks across ranks as a whole load checks it across files:
     # its content's digest (duplicates), the bytes it counted (max_bytes), and its rows' times
     # (median, rows, earliest, latest) before the trial's median time kept those near it.
@@ -73,6 +74,10 @@ class LoadReport:
         return sum(self.lines_skipped_by_path.values())
 
     @property
+    def values_ignored(self) -> int:
+        return sum(self.values_ignored_by_path.values())
+
+    @property
     def complete(self) -> bool:
         """Whether every file the listing named was read or skipped for good (a bad file, not
         one missing or unreadable at the moment): only a complete load is worth caching."""
@@ -85,7 +90,8 @@ class LoadReport:
         mine = lambda values: {p: v for p, v in values.items() if p in paths}  # noqa: E731
         return LoadReport([f for f in self.files_skipped if f.path in paths],
                           [f for f in self.files_with_skipped_lines if f.path in paths], read, by_path,
-                          mine(self.digests), mine(self.bytes_by_path), mine(self.file_times), self.center_us)
+                          mine(self.values_ignored_by_path), mine(self.digests), mine(self.bytes_by_path),
+                          mine(self.file_times), self.center_us)
 
     def to_dict(self) -> dict:
         return {"read": self.files_read,
@@ -235,6 +241,7 @@ def merge_facts(path: str, parts: Sequence[TrialFacts], report: LoadReport) -> T
         report.files_with_skipped_lines += part.report.files_with_skipped_lines
         report.read_paths += part.report.read_paths
         report.lines_skipped_by_path.update(part.report.lines_skipped_by_path)
+        report.values_ignored_by_path.update(part.report.values_ignored_by_path)
         report.digests.update(part.report.digests)
         report.bytes_by_path.update(part.report.bytes_by_path)
         report.file_times.update(part.report.file_times)
@@ -402,7 +409,8 @@ class ParsedEntry:
 # 3: process ids and ranks; 4: NaN and Infinity read, then skipped as non-finite; 5: a Kineto
 # trace's digest is of its decompressed bytes, its events found in any key order, a GetNext that
 # spans its loader's next one skipped; a reference-format gzip cut short keeps its events.
-_PARSE_RULES = 5
+# 6: values not of their field's type counted (ParsedFile.values_ignored).
+_PARSE_RULES = 6
 
 
 def _file_cache_key(path: str, info: FileInfo) -> str:
@@ -799,8 +807,11 @@ def _load(path, store, files, jobs, report, *, guard_limits, threads, on_progres
                 report.read_paths.append(info.key)
                 if parsed.table is not None:
                     read.append((info.key, kind, parsed.table))
-            if parsed.lines_skipped and original == info.key:
-                report.lines_skipped_by_path[info.key] = parsed.lines_skipped
+            if (parsed.lines_skipped or parsed.values_ignored) and original == info.key:
+                if parsed.lines_skipped:
+                    report.lines_skipped_by_path[info.key] = parsed.lines_skipped
+                if parsed.values_ignored:
+                    report.values_ignored_by_path[info.key] = parsed.values_ignored
                 report.files_with_skipped_lines.append(
                     SkippedFile(info.key, "; ".join(parsed.problems) or "bad lines"))
             if on_progress is not None:

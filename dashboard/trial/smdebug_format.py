@@ -14,6 +14,7 @@ from .. import arrow_memory  # noqa: F401  (before pandas and pyarrow: see there
 
 import dataclasses
 import gzip
+from collections import Counter
 import io
 import keyword
 import math
@@ -185,11 +186,14 @@ def _typed_system_table(body: bytes) -> pa.Table | None:
 class ParsedFile:
     table: pa.Table | None  # canonical rows (FRAMEWORK_ARROW_SCHEMA or SYSTEM_ARROW_SCHEMA)
     lines_skipped: int = 0
-    problems: list[str] = field(default_factory=list)  # why lines were skipped
+    problems: list[str] = field(default_factory=list)  # why lines were skipped, or values ignored
     error: str | None = None  # why the whole file was skipped
     # The error may pass (the file was removed or rewritten since the listing, or could not be
     # read): a load that skipped it is not the whole trial the listing names.
     transient: bool = False
+    # Values of kept events (or samples) read as missing: not of their field's type (a worker
+    # id that is text, a number beyond int64). Said in problems, as skipped lines are.
+    values_ignored: int = 0
 
     @property
     def rows(self) -> int:
@@ -466,40 +470,62 @@ def _as_bool(value):
     return None
 
 
-def _raw_trace_row(event: dict) -> dict:
+def _as_text(value):
+    return value if isinstance(value, str) else None
+
+
+def _as_step_text(value):
+    return None if isinstance(value, (dict, list)) else str(value)
+
+
+def _read_as(value, kind, field: str, ignored: Counter):
+    """kind(value), or None; a value there that is not of the field's type is counted, by field,
+    in `ignored` (reported: values_ignored_text), not dropped unsaid."""
+    if value is None:
+        return None
+    read = kind(value)
+    if read is None:
+        ignored[field] += 1
+    return read
+
+
+# The arguments of an event by how each is read (_raw_trace_row): the columns of the raw table.
+_ARG_READERS = ((fmt.ARG_PID, _as_int), (fmt.ARG_WORKER_ID, _as_int), (fmt.ARG_NUM_WORKERS, _as_int),
+                (fmt.ARG_PIN_MEMORY, _as_bool), (fmt.ARG_STEP, _as_step_text), ("name", _as_text),
+                (fmt.ARG_START_TIME, _as_int), (fmt.ARG_ITERATOR_ID, _as_int), (fmt.ARG_PERSISTENT, _as_bool),
+                (fmt.ARG_PREFETCH, _as_int), (fmt.ARG_IN_ORDER, _as_bool), (fmt.ARG_CPU_US, _as_int),
+                (fmt.ARG_RUNQ_US, _as_int), (fmt.ARG_RANK, _as_int), (fmt.ARG_LOCAL_RANK, _as_int))
+
+
+def _raw_trace_row(event: dict, ignored: Counter) -> dict:
+    """The event's raw row. Its name, phase and times, read as missing where not of their type,
+    make it a bad event (trace_rows skips and counts it); its other values are counted in
+    `ignored` where they are not of their field's type."""
     args = event.get("args")
-    args = args if isinstance(args, dict) else {}
-    name = event.get("name")
-    arg_name = args.get("name")
-    step = args.get(fmt.ARG_STEP)
+    if not isinstance(args, dict):
+        if args is not None:
+            ignored["args"] += 1
+        args = {}
     return {
-        "name": name if isinstance(name, str) else None,
-        "ph": event.get("ph") if isinstance(event.get("ph"), str) else None,
-        "pid": _as_int(event.get("pid")),
+        "name": _as_text(event.get("name")),
+        "ph": _as_text(event.get("ph")),
+        "pid": _read_as(event.get("pid"), _as_int, "pid", ignored),
         "ts": _as_number(event.get("ts")),
         "dur": _as_number(event.get("dur")),
-        "args": {
-            fmt.ARG_PID: _as_int(args.get(fmt.ARG_PID)),
-            fmt.ARG_WORKER_ID: _as_int(args.get(fmt.ARG_WORKER_ID)),
-            fmt.ARG_NUM_WORKERS: _as_int(args.get(fmt.ARG_NUM_WORKERS)),
-            fmt.ARG_PIN_MEMORY: _as_bool(args.get(fmt.ARG_PIN_MEMORY)),
-            fmt.ARG_STEP: None if step is None or isinstance(step, (dict, list)) else str(step),
-            "name": arg_name if isinstance(arg_name, str) else None,
-            fmt.ARG_START_TIME: _as_int(args.get(fmt.ARG_START_TIME)),
-            fmt.ARG_ITERATOR_ID: _as_int(args.get(fmt.ARG_ITERATOR_ID)),
-            fmt.ARG_PERSISTENT: _as_bool(args.get(fmt.ARG_PERSISTENT)),
-            fmt.ARG_PREFETCH: _as_int(args.get(fmt.ARG_PREFETCH)),
-            fmt.ARG_IN_ORDER: _as_bool(args.get(fmt.ARG_IN_ORDER)),
-            fmt.ARG_CPU_US: _as_int(args.get(fmt.ARG_CPU_US)),
-            fmt.ARG_RUNQ_US: _as_int(args.get(fmt.ARG_RUNQ_US)),
-            fmt.ARG_RANK: _as_int(args.get(fmt.ARG_RANK)),
-            fmt.ARG_LOCAL_RANK: _as_int(args.get(fmt.ARG_LOCAL_RANK)),
-        },
+        "args": {name: _read_as(args.get(name), kind, f"args.{name}", ignored) for name, kind in _ARG_READERS},
     }
 
 
-def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
-    """The raw table of a trace file: fast path first, line by line when it refuses."""
+def values_ignored_text(ignored: Counter) -> str:
+    """What a file's values_ignored says in its problems: how many of which field."""
+    total = sum(ignored.values())
+    fields = ", ".join(f"{name} {count}" for name, count in sorted(ignored.items(), key=lambda item: -item[1]))
+    return f"{total} value(s) not of their field's type, read as missing ({fields})"
+
+
+def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None, Counter]:
+    """The raw table of a trace file: fast path first, line by line when it refuses. Also the
+    lines skipped, why, and the values ignored by field (_raw_trace_row)."""
     # A closed file is one JSON array as it lies, decoded without a copy: stripping and
     # bracketing it copied each file four times, 12 % of the 300k trial's parse. One that ends
     # in anything but its bracket (a file still being written, which a followed job's every
@@ -508,22 +534,24 @@ def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
     if not tail or tail.endswith(b"]"):
         table = _typed_trace_table(data)
         if table is not None:
-            return table, 0, None
+            return table, 0, None, Counter()
     # A file still being written (.tmp) has no closing bracket and ends in a comma.
     body = data.strip()
     opened, closed = body.startswith(b"["), body.endswith(b"]")
     inner = body[1 if opened else 0:len(body) - 1 if closed else len(body)].strip()
     events = inner.rstrip(b",")
     if not events:
-        return RAW_TRACE_SCHEMA.empty_table(), 0, None
+        return RAW_TRACE_SCHEMA.empty_table(), 0, None, Counter()
     # Bracketed anew only where that changes the array: a closed file the fast path refused
     # has a bad line, and a second full decode of the same array would refuse it again.
     if not (opened and closed) or len(events) != len(inner):
         table = _typed_trace_table(b"[" + events + b"]")
         if table is not None:
-            return table, 0, None
+            return table, 0, None, Counter()
     objects, bad, problem = _json_objects(data, _rescue_with(_TRACE_PARSE))
-    return pa.Table.from_pylist([_raw_trace_row(e) for e in objects], schema=RAW_TRACE_SCHEMA), bad, problem
+    ignored: Counter = Counter()
+    rows = [_raw_trace_row(e, ignored) for e in objects]
+    return pa.Table.from_pylist(rows, schema=RAW_TRACE_SCHEMA), bad, problem, ignored
 
 
 # --- raw table -> canonical rows ------------------------------------------------------
@@ -598,12 +626,14 @@ def _measured(values: pa.Array) -> pa.Array:
     return pc.if_else(pc.less(values, 0), None, values)
 
 
-def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None,
+def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None, ignored: Counter | None = None,
                ) -> tuple[pa.Table | None, int, list[str], str | None]:
     """Canonical framework rows of one file's raw table.
 
     file_time_us: the end time in the file's name (None for a .tmp file): events far from it
     are skipped (place_in_time).
+    ignored: where given, counts (by field) the kept events' values read as missing here: a
+    step number that is no whole number.
     Returns (table, lines_skipped, problems, error): error set when the file as a whole
     cannot be placed in time.
     """
@@ -701,6 +731,8 @@ def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None,
         step = pc.cast(steps, pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         step = pa.array([_as_int(s) for s in steps.to_pylist()], pa.int64())
+        if ignored is not None:
+            ignored[f"args.{fmt.ARG_STEP}"] += step.null_count - steps.null_count
     n = len(start)
     # Strings dictionary-encoded per file: a few distinct values over many rows.
     table = pa.table({
@@ -728,24 +760,28 @@ def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None,
 
 def parse_trace_file(data: bytes, process: str, file_time_us: int | None = None) -> ParsedFile:
     """file_time_us: the end time in the file's name, None when it has none (a .tmp file)."""
-    raw, bad_lines, problem = _raw_trace_table(data)
-    table, bad_events, problems, error = trace_rows(raw, process, file_time_us)
+    raw, bad_lines, problem, ignored = _raw_trace_table(data)
+    table, bad_events, problems, error = trace_rows(raw, process, file_time_us, ignored)
     if problem:
         problems.insert(0, problem)
-    return ParsedFile(table, bad_lines + bad_events, problems, error)
+    if ignored and table is not None:
+        problems.append(values_ignored_text(ignored))
+    return ParsedFile(table, bad_lines + bad_events, problems, error,
+                      values_ignored=sum(ignored.values()) if table is not None else 0)
 
 
 # --- system metrics -----------------------------------------------------------------
 
-def _raw_system_row(obj: dict):
+def _raw_system_row(obj: dict, ignored: Counter):
+    """The record's raw row, or None (not a valid metric record); its Dimension and NodeId are
+    counted in `ignored` where they are not text (then none, and the file's node)."""
     value, ts = _as_number(obj.get("Value")), _as_number(obj.get("Timestamp"))
-    fields = [obj.get(k) for k in ("Type", "Name", "Dimension", "NodeId")]
-    if value is None or ts is None or not all(isinstance(f, str) for f in fields[:2]):
+    kind, name = obj.get("Type"), obj.get("Name")
+    if value is None or ts is None or not isinstance(kind, str) or not isinstance(name, str):
         return None
-    return {"Type": fields[0], "Name": fields[1],
-            "Dimension": fields[2] if isinstance(fields[2], str) else "",
-            "Value": value, "NodeId": fields[3] if isinstance(fields[3], str) else None,
-            "Timestamp": ts}
+    dimension = _read_as(obj.get("Dimension"), _as_text, "Dimension", ignored)
+    return {"Type": kind, "Name": name, "Dimension": "" if dimension is None else dimension,
+            "Value": value, "NodeId": _read_as(obj.get("NodeId"), _as_text, "NodeId", ignored), "Timestamp": ts}
 
 
 def parse_system_file(data: bytes, node: str, file_time_us: int | None = None) -> ParsedFile:
@@ -755,12 +791,13 @@ def parse_system_file(data: bytes, node: str, file_time_us: int | None = None) -
         return ParsedFile(None)
     bad = 0
     problems = []
+    ignored: Counter = Counter()
     raw = _typed_system_table(body)
     if raw is None:
         objects, bad, problem = _json_objects(data, _rescue_with(_SYSTEM_PARSE))
         if problem:
             problems.append(problem)
-        rows = [_raw_system_row(o) for o in objects]
+        rows = [_raw_system_row(o, ignored) for o in objects]
         good = [r for r in rows if r is not None]
         if len(rows) - len(good):
             problems.append(f"{len(rows) - len(good)} record(s) are not valid metric records")
@@ -796,4 +833,6 @@ def parse_system_file(data: bytes, node: str, file_time_us: int | None = None) -
         "dimension": pc.fill_null(raw.column("Dimension"), ""),
         "value": raw.column("Value"),
     }, schema=SYSTEM_ARROW_SCHEMA)
-    return ParsedFile(table, bad, problems)
+    if ignored:
+        problems.append(values_ignored_text(ignored))
+    return ParsedFile(table, bad, problems, values_ignored=sum(ignored.values()))

@@ -425,11 +425,14 @@ def facts_component(data: dict) -> list:
                              f"{data['system_samples']:,} system samples"),
              ("Files", f"{data['files_read']:,} read, {len(skipped):,} skipped"),
              ("Lines skipped", f"{data['lines_skipped']:,}")]
+    if data["values_ignored"]:
+        items.append(("Values ignored", f"{data['values_ignored']:,} (not of their field's type: read as missing)"))
     facts = [html.H3("Trial", className="summary-heading"), html.Dl(className="summary-list", children=[
         part for label, value in items for part in (html.Dt(label), html.Dd(value))])]
     if skipped or with_lines:
         facts.append(html.Details(className="skipped", children=[
-            html.Summary(f"Why: {len(skipped)} file(s) skipped, {len(with_lines)} file(s) with skipped lines"),
+            html.Summary(f"Why: {len(skipped)} file(s) skipped, {len(with_lines)} file(s) with skipped lines"
+                         + (" or ignored values" if data["values_ignored"] else "")),
             html.Ul([html.Li([html.Code(s["path"]), ": ", s["reason"]]) for s in (skipped + with_lines)[:200]]),
         ]))
     return [html.Div(className="summary-facts", children=facts)]

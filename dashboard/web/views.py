@@ -416,7 +416,7 @@ def summary(whole: Trial) -> dict:
         "nodes": whole.nodes, "processes": len(whole.processes), "hosts": hosts_text(whole),
         "framework_events": int(len(whole.framework)), "system_samples": int(len(whole.system)),
         "files_read": report.files_read, "files_skipped": skipped, "lines_skipped": report.lines_skipped,
-        "files_with_skipped_lines": lines,
+        "values_ignored": report.values_ignored, "files_with_skipped_lines": lines,
     }
 
 
