@@ -201,3 +201,22 @@ def test_a_malformed_payload_logs_one_line_without_its_traceback(served, loaded)
     assert not TRACEBACK.search("\n".join(added)), "\n".join(added)[:2000]
     assert len([line for line in added if "Setting the window failed: AttributeError: " in line]) == 3, added
     assert len([line for line in added if "Loading 123 failed: AttributeError: " in line]) == 1, added
+
+
+@pytest.mark.parametrize("message, kept, secrets", [
+    ("load failed: http://user:pw@host/x", "load failed: http://host/x", ["user:pw"]),
+    # a URL inside another's path or query (a proxy's, a redirect's)
+    ("http://a/b/http://user:pw@c/d refused", "http://a/b/http://c/d refused", ["user:pw"]),
+    ("see http://proxy/?u=http://user:pw@inner/x ok", "see http://proxy/ ok", ["user:pw"]),
+    # an "@" in the password, a signature in a query, a repeat of the userinfo elsewhere
+    ("https://me@corp:p4ss@host/p?X-Amz-Signature=abc1 end", "https://host/p end", ["p4ss", "abc1"]),
+    ("s3://AKIAKEY:s3cr3t@bkt/x: NoSuchBucket AKIAKEY:s3cr3t@bkt", "s3://bkt/x: NoSuchBucket bkt",
+     ["AKIAKEY", "s3cr3t"]),
+    ("no URL here: a@b, http://h/p@q", "no URL here: a@b, http://h/p@q", []),
+])
+def test_a_message_loses_the_secrets_of_its_urls(message, kept, secrets):
+    from dashboard.trial.store import redact
+
+    assert redact(message) == kept
+    for secret in secrets:
+        assert secret not in redact(message)

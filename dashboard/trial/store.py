@@ -366,28 +366,30 @@ class S3Store:
 
 Store = LocalStore | S3Store
 
-# A URL: its scheme, its userinfo ("user:password@" before the host, as in an endpoint such as
-# AWS_ENDPOINT_URL=http://user:secret@host), the rest up to a query string, the query string.
-# Linear in the message: a scheme starts only where a word does, and once one is found the match
-# cannot fail (every part after it may be empty), so no search scans the same text twice.
-_URL = re.compile(r"""\b(\w+://)(?:([^\s"'/]*)@)?([^\s"'?]*)(?:\?[^\s"']*)?""")
+# A URL's userinfo ("user:password@" after its scheme, as in an endpoint such as
+# AWS_ENDPOINT_URL=http://user:secret@host), found after every scheme in the message, one inside
+# another URL's path too; and a URL up to its query string, then the query string.
+# Linear in the message: a scheme starts only where a word does; a userinfo is looked for up to
+# the next "/" (which ends the scheme's own "//" of the next URL), and once a URL's scheme is
+# found its match cannot fail (the rest may be empty), so no search scans the same text twice.
+_USERINFO = re.compile(r"""\b(\w+://)([^\s"'/]*)@""")
+_URL_QUERY = re.compile(r"""(\b\w+://[^\s"'?]*)(?:\?[^\s"']*)?""")
 
 
 def redact(message: str) -> str:
     """A message without the userinfo (user:password@) and the query strings (a presigned URL's
     signature) of the URLs in it. A userinfo is cut wherever the message repeats it too: a path
     typed as s3://key:secret@bucket comes back in a bucket's name."""
-    userinfos = set()
-
-    def without_secrets(url: re.Match) -> str:
-        if url.group(2):
-            userinfos.add(url.group(2) + "@")
-        return url.group(1) + url.group(3)
-
-    message = _URL.sub(without_secrets, message)
-    for userinfo in userinfos:
+    userinfos = {found.group(2) + "@" for found in _USERINFO.finditer(message) if found.group(2)}
+    message = _URL_QUERY.sub(r"\1", _USERINFO.sub(r"\1", message))
+    # Their repeats: the first MAX_USERINFOS of them, each a pass over the message (a message of
+    # thousands of userinfos, typed to stall a server, would take them all times its length).
+    for userinfo in sorted(userinfos)[:MAX_USERINFOS]:
         message = message.replace(userinfo, "")
     return message
+
+
+MAX_USERINFOS = 64
 
 
 def _has_dot_segment(key: str) -> bool:
