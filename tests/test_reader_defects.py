@@ -351,3 +351,19 @@ def test_values_ignored_are_in_the_report_the_cache_and_the_workers(tmp_path):
     forked_kept = json.loads(forked.stdout)
     assert forked_kept.pop("forked") == [2]
     assert forked_kept == json.loads(json.dumps(kept(result.trial)))
+
+
+def test_a_traces_values_not_of_their_type_are_counted_and_their_events_kept(recording, tmp_path):
+    doc = json.loads(recording["raw"])
+    calls = [e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith(LOADER)]
+    calls[3]["pid"], calls[4]["tid"] = "main", [1]  # a process id as text, a thread id as a list
+    clean = parse_kineto_file(recording["raw"], "run.pt.trace.json")
+    parsed = parse_kineto_file(json.dumps(doc).encode(), "run.pt.trace.json")
+    assert clean.values_ignored == 0 and parsed.values_ignored == 2
+    assert parsed.lines_skipped == clean.lines_skipped == 0
+    assert getnext_starts(parsed.table) == getnext_starts(clean.table)
+    assert "pid 1" in parsed.problems[-1] and "tid 1" in parsed.problems[-1], parsed.problems
+    (tmp_path / "run.pt.trace.json").write_text(json.dumps(doc))
+    report = load_trial(str(tmp_path)).report
+    assert report.values_ignored_by_path == {"run.pt.trace.json": 2}
+    assert [s.path for s in report.files_with_skipped_lines] == ["run.pt.trace.json"]

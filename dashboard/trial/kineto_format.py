@@ -65,6 +65,7 @@ import itertools
 import math
 import re
 import zlib
+from collections import Counter
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -73,8 +74,8 @@ import pyarrow as pa
 
 from .. import format as fmt
 from .frames import FRAMEWORK_ARROW_SCHEMA
-from .smdebug_format import (_MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number,
-                             gunzip_pieces, place_in_time)
+from .smdebug_format import (_MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number, _read_as,
+                             gunzip_pieces, place_in_time, values_ignored_text)
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
 # Any other JSON file may be a trace too (`prof.export_chrome_trace("trace.json")`, HTA's
@@ -187,6 +188,10 @@ def _event_around(buf: bytes, name_at: int, after: int):
             return obj, end
 
 
+def _as_thread(value):
+    return value if isinstance(value, (int, str)) else None
+
+
 def _as_int(value):
     if isinstance(value, bool):
         return None
@@ -206,6 +211,7 @@ class _Scanner:
         self.head = b""
         self.tail = b""
         self.stream_error: str | None = None  # the gzip stream broke off
+        self.ignored: Counter = Counter()  # kept events' values read as missing, by field
 
     def feed(self, buf: bytes, offset: int, resume: int, final: bool) -> tuple[int, int]:
         """Scans buf (the stream's bytes from `offset` on) from stream offset `resume`.
@@ -244,9 +250,8 @@ class _Scanner:
         if ts is None or dur is None or dur < 0:
             self.bad += name != SEED_DRAW
             return
-        tid = obj.get("tid")
-        self.events.append((name, _as_int(obj.get("pid")), tid if isinstance(tid, (int, str)) else None,
-                            ts, dur))
+        self.events.append((name, _read_as(obj.get("pid"), _as_int, "pid", self.ignored),
+                            _read_as(obj.get("tid"), _as_thread, "tid", self.ignored), ts, dur))
 
 
 def _decoded(pieces: Iterable[bytes], gz: bool) -> Iterator[bytes]:
@@ -509,7 +514,10 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
         columns["iterator_id"].append(recording)
     for unrecorded in ("persistent_workers", "prefetch_factor", "in_order", "cpu_us", "runq_us", "local_rank"):
         columns[unrecorded] = [None] * len(columns["process"])
-    return ParsedFile(pa.Table.from_pydict(columns, schema=FRAMEWORK_ARROW_SCHEMA), skipped, problems)
+    if scanner.ignored:
+        problems.append(values_ignored_text(scanner.ignored))
+    return ParsedFile(pa.Table.from_pydict(columns, schema=FRAMEWORK_ARROW_SCHEMA), skipped, problems,
+                      values_ignored=sum(scanner.ignored.values()))
 
 
 def _placed(events: list[tuple], base_ns: int, problems: list[str]) -> tuple[list[tuple], int]:
