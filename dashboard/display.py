@@ -91,6 +91,16 @@ def duration_s(seconds) -> str:
     return duration_us(float(seconds) * 1e6) if _finite(seconds) else MISSING
 
 
+def prediction_text(now: dict | None, then: dict, arrow: str = "->") -> str:
+    """'waiting 81.6 % -> 74.0 % of training, training 18.98 s -> 13.44 s': a prediction, today's
+    numbers and then those predicted (dicts with "wait_fraction" and "training_s"), without
+    today's when they are not known; the page writes its arrow as →."""
+    if now is None:
+        return f"waiting {100 * then['wait_fraction']:.1f} % of training, training {duration_s(then['training_s'])}"
+    return (f"waiting {100 * now['wait_fraction']:.1f} % {arrow} {100 * then['wait_fraction']:.1f} % of training, "
+            f"training {duration_s(now['training_s'])} {arrow} {duration_s(then['training_s'])}")
+
+
 def durations_us(values) -> list[str]:
     """duration_us of each value (hover texts of a figure's points)."""
     return [duration_us(v) for v in values]

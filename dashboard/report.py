@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from .api import TrialAnalysis
-from .display import duration_s, duration_us, iso_utc, worker_text  # noqa: F401  (iso_utc: the report's moments, re-exported)
+from .display import duration_s, duration_us, iso_utc, prediction_text, worker_text  # noqa: F401  (iso_utc: the report's moments, re-exported)
 
 
 def _num(value):
@@ -154,15 +154,6 @@ def to_dict(result: TrialAnalysis, what_if: list[dict] | tuple = ()) -> dict:
 def saving_text(saving_s: float | None) -> str:
     """A finding's saving, as the report and the page write it ("" when it has none)."""
     return "" if saving_s is None else f"saves about {duration_s(saving_s)}"
-
-
-def prediction_text(now: dict | None, then: dict, arrow: str = "->") -> str:
-    """'waiting 81.6 % -> 74.0 % of training, training 18.98 s -> 13.44 s' (without today's
-    numbers when they are not known)."""
-    if now is None:
-        return f"waiting {100 * then['wait_fraction']:.1f} % of training, training {duration_s(then['training_s'])}"
-    return (f"waiting {100 * now['wait_fraction']:.1f} % {arrow} {100 * then['wait_fraction']:.1f} % of training, "
-            f"training {duration_s(now['training_s'])} {arrow} {duration_s(then['training_s'])}")
 
 
 CLASS_WORDS = {"highly": "highly input-bound", "moderately": "moderately input-bound",

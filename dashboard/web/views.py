@@ -27,10 +27,10 @@ from ..analysis.diagnosis import PARTS, WHAT_IF_KEYS, Assessment, LoaderBudget, 
 from ..analysis.diagnosis.findings.base import predicted_text
 from ..api import TrialAnalysis
 from ..report import NOT_RECORDED_WORDS, PART_WORDS, no_findings_reason, not_recorded_anywhere
-from ..report import prediction_text as _prediction_text
 from ..report import to_dict
 from ..report import saving_text  # noqa: F401  (the page's words for a saving are the report's)
 from ..display import duration_s, duration_us, iso_utc, short_name
+from ..display import prediction_text as _prediction_text
 from ..trial.errors import TrialError, TrialTooLargeError
 from ..trial.load import Trial
 from ..trial.store import redact

@@ -6,7 +6,7 @@ from typing import Callable
 
 import pandas as pd
 
-from ....display import duration_s
+from ....display import duration_s, prediction_text
 from ..budget import LoaderBudget
 from ..loaders import Loader, ProcessTraining, iterator_codes
 from ..pipeline import PipelineModel
@@ -73,9 +73,7 @@ def predicted_text(result: WhatIf | None) -> str:
 def prediction_sentence(now: dict, then: dict, lead: str = "Predicted") -> str:
     """A prediction's sentence: `now` and `then` as a WhatIf's ({"wait_fraction", "training_s"})."""
     saving = round(now["training_s"] - then["training_s"], 6)
-    return (f" {lead}: waiting {100 * now['wait_fraction']:.1f} % -> {100 * then['wait_fraction']:.1f} % "
-            f"of training, training {duration_s(now['training_s'])} -> {duration_s(then['training_s'])} "
-            f"(saves {duration_s(max(saving, 0.0))}).")
+    return f" {lead}: {prediction_text(now, then)} (saves {duration_s(max(saving, 0.0))})."
 
 
 def batch_list(calls: pd.DataFrame, rows) -> list[dict]:
