@@ -213,6 +213,9 @@ def test_a_malformed_payload_logs_one_line_without_its_traceback(served, loaded)
     ("s3://AKIAKEY:s3cr3t@bkt/x: NoSuchBucket AKIAKEY:s3cr3t@bkt", "s3://bkt/x: NoSuchBucket bkt",
      ["AKIAKEY", "s3cr3t"]),
     ("no URL here: a@b, http://h/p@q", "no URL here: a@b, http://h/p@q", []),
+    # a shorter userinfo that lies inside a longer one's repeat
+    ("http://a@h1/ and s3://z:pa@bkt/k; NoSuchBucket z:pa@bkt", "http://h1/ and s3://bkt/k; NoSuchBucket bkt",
+     ["z:p", "pa@"]),
 ])
 def test_a_message_loses_the_secrets_of_its_urls(message, kept, secrets):
     from dashboard.trial.store import redact

@@ -358,12 +358,65 @@ def test_a_traces_values_not_of_their_type_are_counted_and_their_events_kept(rec
     calls = [e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith(LOADER)]
     calls[3]["pid"], calls[4]["tid"] = "main", [1]  # a process id as text, a thread id as a list
     clean = parse_kineto_file(recording["raw"], "run.pt.trace.json")
+    far = sorted(calls, key=lambda e: e["ts"])[-1]
+    far["pid"], far["ts"] = "x", far["ts"] + 40 * 86_400e6  # skipped (far from the others): not counted
     parsed = parse_kineto_file(json.dumps(doc).encode(), "run.pt.trace.json")
     assert clean.values_ignored == 0 and parsed.values_ignored == 2
-    assert parsed.lines_skipped == clean.lines_skipped == 0
-    assert getnext_starts(parsed.table) == getnext_starts(clean.table)
+    assert parsed.lines_skipped == 1 and clean.lines_skipped == 0
+    assert getnext_starts(parsed.table) == getnext_starts(clean.table)[:-1]
     assert "pid 1" in parsed.problems[-1] and "tid 1" in parsed.problems[-1], parsed.problems
     (tmp_path / "run.pt.trace.json").write_text(json.dumps(doc))
     report = load_trial(str(tmp_path)).report
     assert report.values_ignored_by_path == {"run.pt.trace.json": 2}
     assert [s.path for s in report.files_with_skipped_lines] == ["run.pt.trace.json"]
+
+
+def test_values_of_events_that_are_not_kept_are_not_counted(tmp_path):
+    """An event skipped (no time), an instant event, the end half of a begin/end pair and a
+    system record out of range are no kept events: their values are not counted as ignored,
+    where the begin half's, now the pair's event, is."""
+    folder = str(tmp_path / "trial")
+    shutil.copytree(SAMPLE, folder)
+    framework = sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "framework"))
+                       for n in names)[0]
+    lines = _lines_of(framework)
+    getnexts = [i for i, line in enumerate(lines) if "::GetNext" in line and '"worker_id"' in line]
+    event = json.loads(lines[getnexts[0]].rstrip(","))
+    del event["ts"]
+    event["args"]["worker_id"] = "one"  # of a skipped event
+    lines[getnexts[0]] = json.dumps(event) + ","
+    base = json.loads(lines[getnexts[1]].rstrip(","))
+    instant = dict(base, ph="i", name="marker", args={"iterator_id": "seven"})
+    begin = dict(base, ph="B", name="pair", args={"worker_id": "two"})
+    end = dict(base, ph="E", name="pair", ts=base["ts"] + 5, args={"worker_id": "three"})
+    for extra in (end, begin, instant):  # (each inserted before the one inserted last)
+        lines.insert(getnexts[1], json.dumps({k: v for k, v in extra.items() if k != "dur"}) + ",")
+    _rewrite(framework, lines)
+    system = sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "system")) for n in names)[0]
+    records = [json.loads(line) for line in _lines_of(system)]
+    records[0]["NodeId"], records[0]["Timestamp"] = 5, -1.0  # a record skipped: out of range
+    _rewrite(system, [json.dumps(r) for r in records])
+
+    report = load_trial(folder).report
+    assert report.lines_skipped == 2  # the GetNext without its time, the system record
+    assert report.values_ignored_by_path == {os.path.relpath(framework, folder): 1}  # the pair's begin
+    reason = {s.path: s.reason for s in report.files_with_skipped_lines}[os.path.relpath(framework, folder)]
+    assert "args.worker_id 1)" in reason and "iterator_id" not in reason, reason
+
+
+def test_a_file_whose_events_all_lie_far_from_the_trial_has_no_values_ignored(tmp_path):
+    folder, framework, _ = _sample_with_wrong_types(tmp_path)
+    later = os.path.join(folder, framework)
+    lines = _lines_of(later)
+    meta = json.loads(lines[1].rstrip(","))
+    shift = 40 * 86_400_000_000  # 40 days: the file's events and its name's time alike
+    meta["args"]["start_time_since_epoch_in_micros"] += shift
+    lines[1] = json.dumps(meta) + ","
+    name = os.path.basename(later)
+    moved = os.path.join(os.path.dirname(later), f"{int(name.split('_')[0]) + shift}_{name.split('_', 1)[1]}")
+    os.remove(later)
+    _rewrite(moved, lines)
+    report = load_trial(folder).report
+    moved_key = os.path.relpath(moved, folder)
+    assert report.lines_skipped_by_path[moved_key] > 100  # every event: far from the trial's time
+    assert moved_key not in report.values_ignored_by_path and report.values_ignored == 2  # the system file's

@@ -66,9 +66,11 @@ class PandasFrame:
         self.path = path
         self.trial: Trial = load_trial(path, **load_options)
         report = self.trial.report
-        if report.files_skipped or report.lines_skipped:
+        if report.files_skipped or report.lines_skipped or report.values_ignored:
+            ignored = f", and read {report.values_ignored} value(s) not of their field's type as missing" \
+                if report.values_ignored else ""
             print(f"Skipped {len(report.files_skipped)} file(s) and {report.lines_skipped} line(s) "
-                  f"that could not be read; see PandasFrame.trial.report")
+                  f"that could not be read{ignored}; see PandasFrame.trial.report")
 
     def get_all_system_metrics(self, selected_system_metrics: Sequence[str] = ()) -> pd.DataFrame:
         system = self.trial.system

@@ -211,7 +211,9 @@ class _Scanner:
         self.head = b""
         self.tail = b""
         self.stream_error: str | None = None  # the gzip stream broke off
-        self.ignored: Counter = Counter()  # kept events' values read as missing, by field
+        # The fields of an event (by its id: the event itself is kept, or not, further on) whose
+        # values were ignored: not of their type (_read_as).
+        self.ignored_of: dict[int, list[str]] = {}
 
     def feed(self, buf: bytes, offset: int, resume: int, final: bool) -> tuple[int, int]:
         """Scans buf (the stream's bytes from `offset` on) from stream offset `resume`.
@@ -250,8 +252,12 @@ class _Scanner:
         if ts is None or dur is None or dur < 0:
             self.bad += name != SEED_DRAW
             return
-        self.events.append((name, _read_as(obj.get("pid"), _as_int, "pid", self.ignored),
-                            _read_as(obj.get("tid"), _as_thread, "tid", self.ignored), ts, dur))
+        ignored: list[str] = []
+        event = (name, _read_as(obj.get("pid"), _as_int, "pid", ignored),
+                 _read_as(obj.get("tid"), _as_thread, "tid", ignored), ts, dur)
+        self.events.append(event)
+        if ignored:
+            self.ignored_of[id(event)] = ignored
 
 
 def _decoded(pieces: Iterable[bytes], gz: bool) -> Iterator[bytes]:
@@ -514,10 +520,11 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
         columns["iterator_id"].append(recording)
     for unrecorded in ("persistent_workers", "prefetch_factor", "in_order", "cpu_us", "runq_us", "local_rank"):
         columns[unrecorded] = [None] * len(columns["process"])
-    if scanner.ignored:
-        problems.append(values_ignored_text(scanner.ignored))
+    ignored = Counter(field for event in events for field in scanner.ignored_of.get(id(event), ()))
+    if ignored:
+        problems.append(values_ignored_text(ignored))
     return ParsedFile(pa.Table.from_pydict(columns, schema=FRAMEWORK_ARROW_SCHEMA), skipped, problems,
-                      values_ignored=sum(scanner.ignored.values()))
+                      values_ignored=sum(ignored.values()))
 
 
 def _placed(events: list[tuple], base_ns: int, problems: list[str]) -> tuple[list[tuple], int]:

@@ -56,6 +56,8 @@ class LoadReport:
     # the files several ranks read.
     read_paths: list[str] = field(default_factory=list, repr=False)
     lines_skipped_by_path: dict[str, int] = field(default_factory=dict, repr=False)
+    # Values read as missing in the events each file's parse kept (ParsedFile.values_ignored);
+    # a file whose events all lay far from the trial's time (_near_the_trial) has none.
     values_ignored_by_path: dict[str, int] = field(default_factory=dict, repr=False)
     # Per file, what per-rank work checks across ranks as a whole load checks it across files:
     # its content's digest (duplicates), the bytes it counted (max_bytes), and its rows' times
@@ -690,6 +692,8 @@ def _near_the_trial(read: list[tuple[str, str, pa.Table]], report: LoadReport,
                 report.files_with_skipped_lines.append(SkippedFile(key, why))
         if table.num_rows:
             tables[kind].append(table)
+        else:  # none of the file's events kept: nor are their values ignored
+            report.values_ignored_by_path.pop(key, None)
     return tables
 
 

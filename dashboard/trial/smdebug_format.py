@@ -64,6 +64,11 @@ _SYSTEM_PARSE = pj.ParseOptions(explicit_schema=pa.schema([
     pa.field("Type", pa.string()), pa.field("Name", pa.string()), pa.field("Dimension", pa.string()),
     pa.field("Value", pa.float64()), pa.field("NodeId", pa.string()), pa.field("Timestamp", pa.float64()),
 ]), unexpected_field_behavior="ignore")
+# A column of the raw rows read line by line: the fields of each whose values were ignored
+# (_read_as), comma-separated; counted for the rows kept (kept_ignored).
+IGNORED = "ignored"
+_RAW_TRACE_READ = RAW_TRACE_SCHEMA.append(pa.field(IGNORED, pa.string()))
+_SYSTEM_READ = _SYSTEM_PARSE.explicit_schema.append(pa.field(IGNORED, pa.string()))
 # Lines nested deeper than orjson's and msgspec's limits go to Arrow's JSON reader, which
 # skips fields outside its schema however deep they nest (see _rescue_with).
 _READ = pj.ReadOptions(use_threads=False, block_size=16 << 20)
@@ -478,15 +483,22 @@ def _as_step_text(value):
     return None if isinstance(value, (dict, list)) else str(value)
 
 
-def _read_as(value, kind, field: str, ignored: Counter):
-    """kind(value), or None; a value there that is not of the field's type is counted, by field,
-    in `ignored` (reported: values_ignored_text), not dropped unsaid."""
+def _read_as(value, kind, field: str, ignored: list[str]):
+    """kind(value), or None; a value there that is not of the field's type adds the field to
+    `ignored`, the event's (counted once the event is kept, and reported: values_ignored_text),
+    not dropped unsaid."""
     if value is None:
         return None
     read = kind(value)
     if read is None:
-        ignored[field] += 1
+        ignored.append(field)
     return read
+
+
+def kept_ignored(fields_of_rows: pa.Array, ignored: Counter) -> None:
+    """Counts, by field, the ignored values of the rows kept (IGNORED's values of those rows)."""
+    for fields in fields_of_rows.drop_null().to_pylist():
+        ignored.update(fields.split(","))
 
 
 # The arguments of an event by how each is read (_raw_trace_row): the columns of the raw table.
@@ -497,14 +509,15 @@ _ARG_READERS = ((fmt.ARG_PID, _as_int), (fmt.ARG_WORKER_ID, _as_int), (fmt.ARG_N
                 (fmt.ARG_RUNQ_US, _as_int), (fmt.ARG_RANK, _as_int), (fmt.ARG_LOCAL_RANK, _as_int))
 
 
-def _raw_trace_row(event: dict, ignored: Counter) -> dict:
+def _raw_trace_row(event: dict) -> dict:
     """The event's raw row. Its name, phase and times, read as missing where not of their type,
-    make it a bad event (trace_rows skips and counts it); its other values are counted in
-    `ignored` where they are not of their field's type."""
+    make it a bad event (trace_rows skips and counts it); its other values are named in its
+    IGNORED where they are not of their field's type."""
+    ignored: list[str] = []
     args = event.get("args")
     if not isinstance(args, dict):
         if args is not None:
-            ignored["args"] += 1
+            ignored.append("args")
         args = {}
     return {
         "name": _as_text(event.get("name")),
@@ -513,6 +526,7 @@ def _raw_trace_row(event: dict, ignored: Counter) -> dict:
         "ts": _as_number(event.get("ts")),
         "dur": _as_number(event.get("dur")),
         "args": {name: _read_as(args.get(name), kind, f"args.{name}", ignored) for name, kind in _ARG_READERS},
+        IGNORED: ",".join(ignored) or None,
     }
 
 
@@ -523,9 +537,9 @@ def values_ignored_text(ignored: Counter) -> str:
     return f"{total} value(s) not of their field's type, read as missing ({fields})"
 
 
-def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None, Counter]:
-    """The raw table of a trace file: fast path first, line by line when it refuses. Also the
-    lines skipped, why, and the values ignored by field (_raw_trace_row)."""
+def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
+    """The raw table of a trace file: fast path first, line by line when it refuses (its rows
+    then with their IGNORED column, _raw_trace_row). Also the lines skipped, and why."""
     # A closed file is one JSON array as it lies, decoded without a copy: stripping and
     # bracketing it copied each file four times, 12 % of the 300k trial's parse. One that ends
     # in anything but its bracket (a file still being written, which a followed job's every
@@ -534,24 +548,22 @@ def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None, Counter]:
     if not tail or tail.endswith(b"]"):
         table = _typed_trace_table(data)
         if table is not None:
-            return table, 0, None, Counter()
+            return table, 0, None
     # A file still being written (.tmp) has no closing bracket and ends in a comma.
     body = data.strip()
     opened, closed = body.startswith(b"["), body.endswith(b"]")
     inner = body[1 if opened else 0:len(body) - 1 if closed else len(body)].strip()
     events = inner.rstrip(b",")
     if not events:
-        return RAW_TRACE_SCHEMA.empty_table(), 0, None, Counter()
+        return RAW_TRACE_SCHEMA.empty_table(), 0, None
     # Bracketed anew only where that changes the array: a closed file the fast path refused
     # has a bad line, and a second full decode of the same array would refuse it again.
     if not (opened and closed) or len(events) != len(inner):
         table = _typed_trace_table(b"[" + events + b"]")
         if table is not None:
-            return table, 0, None, Counter()
+            return table, 0, None
     objects, bad, problem = _json_objects(data, _rescue_with(_TRACE_PARSE))
-    ignored: Counter = Counter()
-    rows = [_raw_trace_row(e, ignored) for e in objects]
-    return pa.Table.from_pylist(rows, schema=RAW_TRACE_SCHEMA), bad, problem, ignored
+    return pa.Table.from_pylist([_raw_trace_row(e) for e in objects], schema=_RAW_TRACE_READ), bad, problem
 
 
 # --- raw table -> canonical rows ------------------------------------------------------
@@ -581,7 +593,7 @@ def _pair_begin_end(raw: pa.Table) -> tuple[pa.Table, int]:
         else:
             out.append(row)
     unpaired += sum(len(stack) for stack in open_by_key.values())
-    return pa.Table.from_pylist(out, schema=RAW_TRACE_SCHEMA), unpaired
+    return pa.Table.from_pylist(out, schema=raw.schema), unpaired
 
 
 def _one_array(column: pa.ChunkedArray) -> pa.Array:
@@ -632,8 +644,8 @@ def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None, ign
 
     file_time_us: the end time in the file's name (None for a .tmp file): events far from it
     are skipped (place_in_time).
-    ignored: where given, counts (by field) the kept events' values read as missing here: a
-    step number that is no whole number.
+    ignored: where given, counts (by field) the kept events' values read as missing: those the
+    raw table names (its IGNORED column), and a step number that is no whole number.
     Returns (table, lines_skipped, problems, error): error set when the file as a whole
     cannot be placed in time.
     """
@@ -722,6 +734,8 @@ def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None, ign
         if not placed.any():
             return None, bad, problems, None
     kept = _RowsKept(valid)
+    if ignored is not None and IGNORED in raw.column_names:
+        kept_ignored(kept(_one_array(raw.column(IGNORED))), ignored)
     # (Inside int64, as checked above; rounded half to even, as Arrow's round.)
     start = kept(start_rounded).astype(np.int64)
     end = start + kept(dur_rounded).astype(np.int64)
@@ -760,7 +774,8 @@ def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None, ign
 
 def parse_trace_file(data: bytes, process: str, file_time_us: int | None = None) -> ParsedFile:
     """file_time_us: the end time in the file's name, None when it has none (a .tmp file)."""
-    raw, bad_lines, problem, ignored = _raw_trace_table(data)
+    raw, bad_lines, problem = _raw_trace_table(data)
+    ignored: Counter = Counter()
     table, bad_events, problems, error = trace_rows(raw, process, file_time_us, ignored)
     if problem:
         problems.insert(0, problem)
@@ -772,16 +787,18 @@ def parse_trace_file(data: bytes, process: str, file_time_us: int | None = None)
 
 # --- system metrics -----------------------------------------------------------------
 
-def _raw_system_row(obj: dict, ignored: Counter):
+def _raw_system_row(obj: dict):
     """The record's raw row, or None (not a valid metric record); its Dimension and NodeId are
-    counted in `ignored` where they are not text (then none, and the file's node)."""
+    named in its IGNORED where they are not text (then none, and the file's node)."""
     value, ts = _as_number(obj.get("Value")), _as_number(obj.get("Timestamp"))
     kind, name = obj.get("Type"), obj.get("Name")
     if value is None or ts is None or not isinstance(kind, str) or not isinstance(name, str):
         return None
+    ignored: list[str] = []
     dimension = _read_as(obj.get("Dimension"), _as_text, "Dimension", ignored)
+    node = _read_as(obj.get("NodeId"), _as_text, "NodeId", ignored)
     return {"Type": kind, "Name": name, "Dimension": "" if dimension is None else dimension,
-            "Value": value, "NodeId": _read_as(obj.get("NodeId"), _as_text, "NodeId", ignored), "Timestamp": ts}
+            "Value": value, "NodeId": node, "Timestamp": ts, IGNORED: ",".join(ignored) or None}
 
 
 def parse_system_file(data: bytes, node: str, file_time_us: int | None = None) -> ParsedFile:
@@ -797,12 +814,12 @@ def parse_system_file(data: bytes, node: str, file_time_us: int | None = None) -
         objects, bad, problem = _json_objects(data, _rescue_with(_SYSTEM_PARSE))
         if problem:
             problems.append(problem)
-        rows = [_raw_system_row(o, ignored) for o in objects]
+        rows = [_raw_system_row(o) for o in objects]
         good = [r for r in rows if r is not None]
         if len(rows) - len(good):
             problems.append(f"{len(rows) - len(good)} record(s) are not valid metric records")
         bad += len(rows) - len(good)
-        raw = pa.Table.from_pylist(good, schema=_SYSTEM_PARSE.explicit_schema)
+        raw = pa.Table.from_pylist(good, schema=_SYSTEM_READ)
     if raw.num_rows == 0:
         return ParsedFile(None, bad, problems)
     value, ts = raw.column("Value"), raw.column("Timestamp")
@@ -825,6 +842,8 @@ def parse_system_file(data: bytes, node: str, file_time_us: int | None = None) -
     raw = raw.filter(valid)
     if raw.num_rows == 0:
         return ParsedFile(None, bad, problems)
+    if IGNORED in raw.column_names:
+        kept_ignored(_one_array(raw.column(IGNORED)), ignored)
     table = pa.table({
         "node": pc.fill_null(raw.column("NodeId"), node),
         "timestamp_us": pc.cast(pc.round(pc.multiply(raw.column("Timestamp"), 1e6)), pa.int64()),

@@ -382,9 +382,10 @@ def redact(message: str) -> str:
     typed as s3://key:secret@bucket comes back in a bucket's name."""
     userinfos = {found.group(2) + "@" for found in _USERINFO.finditer(message) if found.group(2)}
     message = _URL_QUERY.sub(r"\1", _USERINFO.sub(r"\1", message))
-    # Their repeats: the first MAX_USERINFOS of them, each a pass over the message (a message of
-    # thousands of userinfos, typed to stall a server, would take them all times its length).
-    for userinfo in sorted(userinfos)[:MAX_USERINFOS]:
+    # Their repeats: the longest first (a shorter one inside a longer one would leave most of
+    # it), the first MAX_USERINFOS of them, each a pass over the message (a message of thousands
+    # of userinfos, typed to stall a server, would take them all times its length).
+    for userinfo in sorted(userinfos, key=lambda text: (-len(text), text))[:MAX_USERINFOS]:
         message = message.replace(userinfo, "")
     return message
 
