@@ -101,3 +101,14 @@ def test_a_column_without_a_value_at_the_rows_taken_stays_unwritten():
     pd.testing.assert_extension_array_equal(take_column(values, some), values.take(some))
     flags = pd.array([True, None, None], dtype="boolean")
     pd.testing.assert_extension_array_equal(take_column(flags, np.array([2, 1])), missing_column(2, flags.dtype))
+
+
+@pytest.mark.parametrize("index", [pd.RangeIndex(12), pd.RangeIndex(12, name="row"), pd.RangeIndex(7, 31, 2),
+                                   pd.Index(np.arange(12)[::-1] * 3, name="label")])
+def test_the_calls_labels_are_the_frames_at_their_rows(index):
+    from dashboard.analysis.diagnosis.loaders import _labels_at
+
+    rows = np.array([0, 4, 5, 11, 2])
+    labels = _labels_at(index, rows)
+    pd.testing.assert_index_equal(labels, index[rows], exact=False)
+    assert labels.name == index.name

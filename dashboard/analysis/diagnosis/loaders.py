@@ -382,7 +382,7 @@ def _labels_at(index: pd.Index, rows: np.ndarray) -> pd.Index:
     """index[rows]: `rows` itself where the labels are the positions (a frame's default index),
     not a copy of it (24 MB at 3M GetNexts, held through the assessment)."""
     if isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1:
-        return pd.Index(rows, copy=False)
+        return pd.Index(rows, copy=False, name=index.name)
     return index[rows]
 
 
