@@ -263,17 +263,27 @@ def _rewrite(path: str, lines: list[str]) -> None:
         handle.write("\n".join(lines) + "\n")
 
 
+def _copy_of_sample(tmp_path) -> tuple[str, str, list[str], list[int], str]:
+    """A copy of the bundled trial: its folder, its first framework file, that file's lines and
+    those of its GetNexts with a worker id, and its first system file."""
+    folder = str(tmp_path / "trial")
+    shutil.copytree(SAMPLE, folder)
+
+    def first(kind):
+        return sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, kind)) for n in names)[0]
+
+    framework = first("framework")
+    lines = _lines_of(framework)
+    getnexts = [i for i, line in enumerate(lines) if "::GetNext" in line and '"worker_id"' in line]
+    return folder, framework, lines, getnexts, first("system")
+
+
 def _sample_with_wrong_types(tmp_path) -> tuple[str, str, str]:
     """The bundled trial with 6 values of kept events and samples not of their field's type:
     in its first framework file, a worker id as text, an iterator id beyond int64, a step
     number that is no whole number and an event whose args are a number; in its first system
     file, a Dimension and a NodeId that are no text."""
-    folder = str(tmp_path / "trial")
-    shutil.copytree(SAMPLE, folder)
-    framework = sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "framework"))
-                       for n in names)[0]
-    lines = _lines_of(framework)
-    getnexts = [i for i, line in enumerate(lines) if "::GetNext" in line and '"worker_id"' in line]
+    folder, framework, lines, getnexts, system = _copy_of_sample(tmp_path)
     changes = [("worker_id", "one"), ("iterator_id", 10**20), ("step_num", "x7")]
     for at, (key, value) in zip(getnexts, changes):
         event = json.loads(lines[at].rstrip(","))
@@ -283,9 +293,7 @@ def _sample_with_wrong_types(tmp_path) -> tuple[str, str, str]:
     event["args"] = 5
     lines[getnexts[3]] = json.dumps(event) + ","
     _rewrite(framework, lines)
-    system = sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "system")) for n in names)[0]
-    lines = _lines_of(system)
-    records = [json.loads(line) for line in lines]
+    records = [json.loads(line) for line in _lines_of(system)]
     records[0]["Dimension"], records[1]["NodeId"] = 5, [1]
     _rewrite(system, [json.dumps(r) for r in records])
     return folder, os.path.relpath(framework, folder), os.path.relpath(system, folder)
@@ -375,12 +383,7 @@ def test_values_of_events_that_are_not_kept_are_not_counted(tmp_path):
     """An event skipped (no time), an instant event, the end half of a begin/end pair and a
     system record out of range are no kept events: their values are not counted as ignored,
     where the begin half's, now the pair's event, is."""
-    folder = str(tmp_path / "trial")
-    shutil.copytree(SAMPLE, folder)
-    framework = sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "framework"))
-                       for n in names)[0]
-    lines = _lines_of(framework)
-    getnexts = [i for i, line in enumerate(lines) if "::GetNext" in line and '"worker_id"' in line]
+    folder, framework, lines, getnexts, system = _copy_of_sample(tmp_path)
     event = json.loads(lines[getnexts[0]].rstrip(","))
     del event["ts"]
     event["args"]["worker_id"] = "one"  # of a skipped event
@@ -392,7 +395,6 @@ def test_values_of_events_that_are_not_kept_are_not_counted(tmp_path):
     for extra in (end, begin, instant):  # (each inserted before the one inserted last)
         lines.insert(getnexts[1], json.dumps({k: v for k, v in extra.items() if k != "dur"}) + ",")
     _rewrite(framework, lines)
-    system = sorted(os.path.join(d, n) for d, _, names in os.walk(os.path.join(folder, "system")) for n in names)[0]
     records = [json.loads(line) for line in _lines_of(system)]
     records[0]["NodeId"], records[0]["Timestamp"] = 5, -1.0  # a record skipped: out of range
     _rewrite(system, [json.dumps(r) for r in records])
