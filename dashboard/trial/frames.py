@@ -192,16 +192,11 @@ def missing_column(length: int, dtype) -> pd.api.extensions.ExtensionArray:
     return kind(data, np.ones(length, dtype=bool))
 
 
-def _is_missing_column(values) -> bool:
-    return isinstance(values, (pd.arrays.IntegerArray, pd.arrays.BooleanArray)) and bool(values.isna().all())
-
-
 def take_column(values, positions: np.ndarray):
     """A column's values at those positions; where it has no value at any of them (a column
     without a value, or the settings columns at the GetNexts of a reference trial), they stay
     unwritten (missing_column) instead of being copied."""
-    if _is_missing_column(values) or (isinstance(values, (pd.arrays.IntegerArray, pd.arrays.BooleanArray))
-                                      and bool(values.isna()[positions].all())):
+    if isinstance(values, (pd.arrays.IntegerArray, pd.arrays.BooleanArray)) and bool(values.isna()[positions].all()):
         return missing_column(len(positions), values.dtype)
     return values.take(positions)
 

@@ -75,7 +75,7 @@ import pyarrow as pa
 from .. import format as fmt
 from .frames import FRAMEWORK_ARROW_SCHEMA
 from .smdebug_format import (_MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number, _read_as,
-                             gunzip_pieces, place_in_time, values_ignored_text)
+                             gunzip_pieces, noted_ignored, place_in_time)
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
 # Any other JSON file may be a trace too (`prof.export_chrome_trace("trace.json")`, HTA's
@@ -521,10 +521,8 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
     for unrecorded in ("persistent_workers", "prefetch_factor", "in_order", "cpu_us", "runq_us", "local_rank"):
         columns[unrecorded] = [None] * len(columns["process"])
     ignored = Counter(field for event in events for field in scanner.ignored_of.get(id(event), ()))
-    if ignored:
-        problems.append(values_ignored_text(ignored))
     return ParsedFile(pa.Table.from_pydict(columns, schema=FRAMEWORK_ARROW_SCHEMA), skipped, problems,
-                      values_ignored=sum(ignored.values()))
+                      values_ignored=noted_ignored(problems, ignored))
 
 
 def _placed(events: list[tuple], base_ns: int, problems: list[str]) -> tuple[list[tuple], int]:

@@ -485,7 +485,7 @@ def _as_step_text(value):
 
 def _read_as(value, kind, field: str, ignored: list[str]):
     """kind(value), or None; a value there that is not of the field's type adds the field to
-    `ignored`, the event's (counted once the event is kept, and reported: values_ignored_text),
+    `ignored`, the event's (counted once the event is kept, and reported: noted_ignored),
     not dropped unsaid."""
     if value is None:
         return None
@@ -530,11 +530,14 @@ def _raw_trace_row(event: dict) -> dict:
     }
 
 
-def values_ignored_text(ignored: Counter) -> str:
-    """What a file's values_ignored says in its problems: how many of which field."""
+def noted_ignored(problems: list[str], ignored: Counter) -> int:
+    """A file's values_ignored: the count of `ignored` (by field), said in its problems (how
+    many of which field) where there are any."""
     total = sum(ignored.values())
-    fields = ", ".join(f"{name} {count}" for name, count in sorted(ignored.items(), key=lambda item: -item[1]))
-    return f"{total} value(s) not of their field's type, read as missing ({fields})"
+    if total:
+        fields = ", ".join(f"{name} {count}" for name, count in sorted(ignored.items(), key=lambda item: -item[1]))
+        problems.append(f"{total} value(s) not of their field's type, read as missing ({fields})")
+    return total
 
 
 def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
@@ -779,10 +782,8 @@ def parse_trace_file(data: bytes, process: str, file_time_us: int | None = None)
     table, bad_events, problems, error = trace_rows(raw, process, file_time_us, ignored)
     if problem:
         problems.insert(0, problem)
-    if ignored and table is not None:
-        problems.append(values_ignored_text(ignored))
     return ParsedFile(table, bad_lines + bad_events, problems, error,
-                      values_ignored=sum(ignored.values()) if table is not None else 0)
+                      values_ignored=noted_ignored(problems, ignored) if table is not None else 0)
 
 
 # --- system metrics -----------------------------------------------------------------
@@ -852,6 +853,4 @@ def parse_system_file(data: bytes, node: str, file_time_us: int | None = None) -
         "dimension": pc.fill_null(raw.column("Dimension"), ""),
         "value": raw.column("Value"),
     }, schema=SYSTEM_ARROW_SCHEMA)
-    if ignored:
-        problems.append(values_ignored_text(ignored))
-    return ParsedFile(table, bad, problems, values_ignored=sum(ignored.values()))
+    return ParsedFile(table, bad, problems, values_ignored=noted_ignored(problems, ignored))
