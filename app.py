@@ -18,6 +18,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE_TRIAL = os.path.join(HERE, "examples", "sample-trial", "trial")
 
 
+def _fail(text: str) -> None:
+    """The command's error line on stderr, without the secrets of the URLs in it (a path typed
+    with its credentials, an endpoint's from AWS_ENDPOINT_URL): its output often ends up in a
+    CI log."""
+    from dashboard.trial.store import redact
+
+    print(f"error: {redact(text)}", file=sys.stderr)
+
+
 def _analyze(args) -> int:
     from dashboard.trial.errors import TrialError
     from dashboard.what_if_settings import parse as parse_what_if
@@ -25,11 +34,11 @@ def _analyze(args) -> int:
     try:
         what_if = [parse_what_if(text) for text in args.what_if]
     except ValueError as exc:
-        print(f"error: --what-if: {exc}", file=sys.stderr)
+        _fail(f"--what-if: {exc}")
         return 2
     whole_job = args.node is None and args.rank is None
     if args.by_rank and not whole_job:
-        print("error: --by-rank analyzes the whole job: leave out --node and --rank", file=sys.stderr)
+        _fail("--by-rank analyzes the whole job: leave out --node and --rank")
         return 2
     results = None
     if args.cache_dir:
@@ -38,7 +47,7 @@ def _analyze(args) -> int:
         try:
             results = ResultCache(args.cache_dir)
         except OSError as exc:
-            print(f"error: --cache-dir: {exc}", file=sys.stderr)
+            _fail(f"--cache-dir: {exc}")
             return 2
     try:
         store = files = key = None
@@ -57,12 +66,12 @@ def _analyze(args) -> int:
         if _scope_is_empty(args, result):
             return 2
     except TrialError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return 2
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug of ours: still one line, no traceback for the user
-        print(f"error: {args.trial}: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        _fail(f"{args.trial}: unexpected {type(exc).__name__}: {exc}")
         return 3
     from dashboard.report import to_dict, to_text
 
@@ -82,7 +91,7 @@ def _scope_is_empty(args, result, path: str | None = None) -> bool:
     if (args.node is None and args.rank is None) or not result.trial.framework.empty:
         return False
     scope = " ".join(f"--{k} {v}" for k, v in (("node", args.node), ("rank", args.rank)) if v is not None)
-    print(f"error: {path or args.trial}: no events of {scope}", file=sys.stderr)
+    _fail(f"{path or args.trial}: no events of {scope}")
     return True
 
 
@@ -148,12 +157,12 @@ def _load_or_fail(path: str, load):
     try:
         return load(path), 0
     except TrialError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return None, 2
     except KeyboardInterrupt:
         return None, 130
     except Exception as exc:  # a bug of ours: still one line, no traceback for the user
-        print(f"error: {path}: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        _fail(f"{path}: unexpected {type(exc).__name__}: {exc}")
         return None, 3
 
 
@@ -186,7 +195,7 @@ def _export(args) -> int:
     from dashboard.analysis.trace_export import chrome_trace
 
     if args.end_us <= args.start_us:
-        print("error: --end-us must be after --start-us", file=sys.stderr)
+        _fail("--end-us must be after --start-us")
         return 2
     limits = _load_options(args)
     trial, status = _load_or_fail(args.trial, lambda p: load_trial(p, **limits))
@@ -200,7 +209,7 @@ def _export(args) -> int:
         with open(args.output, "w") as handle:
             handle.write(text + "\n")
     except OSError as exc:
-        print(f"error: {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        _fail(f"{args.output}: {exc.strerror or exc}")
         return 2
     return 0
 

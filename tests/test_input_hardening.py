@@ -8,12 +8,15 @@ them checked directly:
 - a URL's start/end that are no epoch-microsecond moment ("²", 26 or 5,000 digits) leave the
   window unset and the trial loads;
 - an S3 endpoint's credentials (AWS_ENDPOINT_URL=http://user:secret@host) and a typed path's
-  userinfo never reach the page or the log;
+  userinfo (its secret with "/" too) never reach the page, the log or a command's error line;
 - a malformed callback payload logs one line, not a traceback.
 """
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from urllib.parse import urlencode
 
 import numpy as np
@@ -24,7 +27,7 @@ import requests
 from dashboard.analysis import dataloader
 from dashboard.synthetic import write_trial
 from dashboard.web import views
-from tests.conftest import free_port
+from tests.conftest import ROOT, free_port
 from tests.dash_http import DashSession
 from tests.test_server_hardening import POLL_S, TRACEBACK, load, loaded_store, running, server_env
 
@@ -33,6 +36,9 @@ from tests.test_server_hardening import POLL_S, TRACEBACK, load, loaded_store, r
 REDOS = r"(?=.{0,26}$)(.+)+#"
 ENDPOINT_USER, ENDPOINT_SECRET = "minio-user", "minio-secret-pw-3141"
 TYPED_SECRET = "wJalrTypedSecretKey27"
+# An AWS secret key is base64: it may hold "/", which ended the userinfo a redaction looked for
+# (the path then names the bucket "AKIATYPEDKEY:wJalr", the rest of the secret in its key).
+SLASHED_SECRET = "wJalr/K7MDENG/bPxRfiCYEXAMPLEKEY"
 ANSWER_S = 30  # far above what each request below takes once fixed; far below what it took before
 
 
@@ -177,9 +183,26 @@ def test_endpoint_and_typed_credentials_never_reach_the_page_or_the_log(served, 
     typed = load(page, f"s3://AKIATYPEDKEY:{TYPED_SECRET}@some-bucket/trial",
                  timeout_s=ANSWER_S).values["error-message.children"]
     assert typed and "some-bucket" in typed, typed
-    for secret in (ENDPOINT_SECRET, ENDPOINT_USER, TYPED_SECRET, "AKIATYPEDKEY"):
-        assert secret not in unreachable + typed, (secret, unreachable, typed)
+    slashed = load(page, f"s3://AKIATYPEDKEY:{SLASHED_SECRET}@some-bucket/trial",
+                   timeout_s=ANSWER_S).values["error-message.children"]
+    assert slashed and "some-bucket" in slashed, slashed
+    for secret in (ENDPOINT_SECRET, ENDPOINT_USER, TYPED_SECRET, "AKIATYPEDKEY", *SLASHED_SECRET.split("/")):
+        assert secret not in unreachable + typed + slashed, (secret, unreachable, typed, slashed)
         assert secret not in served.log()
+
+
+def test_the_command_line_error_has_no_credentials(tmp_path):
+    # What a command prints lands in CI logs: the typed path's secret and the endpoint's are cut
+    # there as on the page (botocore names the bucket it refuses, "AKIATYPEDKEY:wJalr").
+    env = server_env(tmp_path, AWS_ENDPOINT_URL=f"http://{ENDPOINT_USER}:{ENDPOINT_SECRET}@127.0.0.1:{free_port()}",
+                     AWS_ACCESS_KEY_ID="AKIAFAKEFORTESTS", AWS_SECRET_ACCESS_KEY="fake-secret-for-tests",
+                     AWS_DEFAULT_REGION="us-east-1")
+    for path in (f"s3://AKIATYPEDKEY:{SLASHED_SECRET}@some-bucket/trial", "s3://some-bucket/trial"):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "app.py"), "analyze", path], env=env, capture_output=True, text=True,
+                              timeout=ANSWER_S)
+        assert done.returncode == 2 and done.stderr.startswith("error: s3://some-bucket/trial: "), done.stderr
+        for secret in (ENDPOINT_SECRET, ENDPOINT_USER, "AKIATYPEDKEY", *SLASHED_SECRET.split("/")):
+            assert secret not in done.stdout + done.stderr, (secret, done.stderr)
 
 
 # --- 5. malformed payloads: one log line each -------------------------------------------------------
@@ -213,6 +236,12 @@ def test_a_malformed_payload_logs_one_line_without_its_traceback(served, loaded)
     ("s3://AKIAKEY:s3cr3t@bkt/x: NoSuchBucket AKIAKEY:s3cr3t@bkt", "s3://bkt/x: NoSuchBucket bkt",
      ["AKIAKEY", "s3cr3t"]),
     ("no URL here: a@b, http://h/p@q", "no URL here: a@b, http://h/p@q", []),
+    # a password that holds "/" (an AWS secret key), and each of its pieces repeated
+    (f's3://AKIAKEY:{SLASHED_SECRET}@bkt/x: Invalid bucket name "AKIAKEY:wJalr", key "K7MDENG/bPxRfiCYEXAMPLEKEY@bkt/x"',
+     's3://bkt/x: Invalid bucket name "", key "/@bkt/x"', ["AKIAKEY", *SLASHED_SECRET.split("/")]),
+    ('connect to "http://minio:ab/cd@host:9000/b?list-type=2"', 'connect to "http://host:9000/b"', ["minio", "ab/cd"]),
+    # a port before a path that holds an "@" reads as a password: cut, the safe side
+    ("http://host:8080/p@x", "http://x", []),
     # a shorter userinfo that lies inside a longer one's repeat
     ("http://a@h1/ and s3://z:pa@bkt/k; NoSuchBucket z:pa@bkt", "http://h1/ and s3://bkt/k; NoSuchBucket bkt",
      ["z:p", "pa@"]),

@@ -369,24 +369,34 @@ Store = LocalStore | S3Store
 # A URL's userinfo ("user:password@" after its scheme, as in an endpoint such as
 # AWS_ENDPOINT_URL=http://user:secret@host), found after every scheme in the message, one inside
 # another URL's path too; and a URL up to its query string, then the query string.
-# Linear in the message: a scheme starts only where a word does; a userinfo is looked for up to
-# the next "/" (which ends the scheme's own "//" of the next URL), and once a URL's scheme is
-# found its match cannot fail (the rest may be empty), so no search scans the same text twice.
-_USERINFO = re.compile(r"""\b(\w+://)([^\s"'/]*)@""")
+# A userinfo is text up to an "@" before the next "/", or "user:password@" whose password holds
+# "/" (an AWS secret key may: base64), "@" excluded: then a port with a path that holds an "@"
+# (http://host:8080/p@x) is cut too, the safe side of the ambiguity.
+# Linear in the message: a scheme starts only where a word does; the first form is looked for
+# up to the next "/" (which ends the scheme's own "//" of the next URL), the second's password
+# for at most MAX_PASSWORD_CHARS, without going back (possessive), so no search scans more than
+# that much of the text again; and once a URL's scheme is found the query's match cannot fail.
+MAX_PASSWORD_CHARS = 128
+_USERINFO = re.compile(r"""\b(\w+://)([^\s"'/]*|[^\s"'/:@]++:[^\s"'@]{0,%d}+)@""" % MAX_PASSWORD_CHARS)
 _URL_QUERY = re.compile(r"""(\b\w+://[^\s"'?]*)(?:\?[^\s"']*)?""")
 
 
 def redact(message: str) -> str:
     """A message without the userinfo (user:password@) and the query strings (a presigned URL's
     signature) of the URLs in it. A userinfo is cut wherever the message repeats it too: a path
-    typed as s3://key:secret@bucket comes back in a bucket's name."""
-    userinfos = {found.group(2) + "@" for found in _USERINFO.finditer(message) if found.group(2)}
+    typed as s3://key:secret@bucket comes back in a bucket's name. So is each "/"-piece of one
+    with a "/" (s3://key:sec/ret@bucket names the bucket "key:sec"), of 4 characters or more
+    (a shorter one tells little, and would cut ordinary words)."""
+    userinfos = {found.group(2) for found in _USERINFO.finditer(message) if found.group(2)}
     message = _URL_QUERY.sub(r"\1", _USERINFO.sub(r"\1", message))
-    # Their repeats: the longest first (a shorter one inside a longer one would leave most of
-    # it), the first MAX_USERINFOS of them, each a pass over the message (a message of thousands
-    # of userinfos, typed to stall a server, would take them all times its length).
-    for userinfo in sorted(userinfos, key=lambda text: (-len(text), text))[:MAX_USERINFOS]:
-        message = message.replace(userinfo, "")
+    repeats = {userinfo + "@" for userinfo in userinfos}
+    repeats.update(piece for userinfo in userinfos if "/" in userinfo
+                   for piece in userinfo.split("/") if len(piece) >= 4)
+    # The longest first (a shorter one inside a longer one would leave most of it), the first
+    # MAX_USERINFOS of them, each a pass over the message (a message of thousands of userinfos,
+    # typed to stall a server, would take them all times its length).
+    for repeat in sorted(repeats, key=lambda text: (-len(text), text))[:MAX_USERINFOS]:
+        message = message.replace(repeat, "")
     return message
 
 
