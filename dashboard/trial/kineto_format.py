@@ -103,7 +103,8 @@ SEED_DRAW = "aten::random_"  # what an iterator's __init__ records (see the modu
 # `"name": "<prefix>` of a kept event (group 1), or the seed draw's name; JSON allows whitespace
 # around the colon.
 _CANDIDATE_RE = re.compile(rb'"name"\s*:\s*"(?:(enumerate\(Data(?:Loader|Pipe)\)#|ProfilerStep#)|aten::random_")')
-_BASE_TIME_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+# Its value: a number in any JSON form (json.dumps of a float writes 1.790857026e+18), or text.
+_BASE_TIME_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*("(?:[^"\\]|\\.)*"|[-+.\deE]+)')
 _HOST_RE = re.compile(rb'"host_name"\s*:\s*("(?:[^"\\]|\\.)*")')
 _DIST_RE = re.compile(rb'"distributedInfo"\s*:\s*\{')
 _TRACE_EVENTS = b'"traceEvents"'
@@ -149,7 +150,7 @@ def _object_at(buf: bytes, start: int, after: int):
     that closes before it).
     """
     end = after
-    while True:
+    for _ in range(_BRACES_TRIED):
         end = buf.find(b"}", end)
         if end < 0:
             return None, None
@@ -161,12 +162,59 @@ def _object_at(buf: bytes, start: int, after: int):
         except orjson.JSONDecodeError as exc:
             # Cut short by this brace (the end of the slice: an inner object's close, or one in
             # a string), a later one may end it. Broken before the end (`{...}, "name": ...`: an
-            # object that closes before the name, or a bad one), no later brace mends it. (pos
-            # counts characters of the decoded text, not bytes.)
-            if exc.doc is None or exc.pos < len(exc.doc):
+            # object that closes before the name, or a bad one), no later brace mends it; nor
+            # does one mend bytes that are not UTF-8 (orjson then names no text: an empty doc).
+            # (pos counts characters of the decoded text, not bytes.)
+            if not exc.doc or exc.pos < len(exc.doc):
                 return None, after
             continue
         return (obj if isinstance(obj, dict) else None), end
+    # Braces in its strings (a path, a repr): the object's own close found by its structure, so
+    # no event costs more than a parse or two however many braces its strings hold (one parse
+    # per brace made a 1.2 MB trace of 60 KB strings of "}" take half a minute).
+    end = _structural_end(buf, start, start + _MAX_EVENT_BYTES + 1)
+    if end is None:
+        return (None, None) if len(buf) <= start + _MAX_EVENT_BYTES else (None, after)
+    if end <= after:
+        return None, after
+    try:
+        obj = orjson.loads(buf[start:end])
+    except orjson.JSONDecodeError:
+        return None, after
+    return (obj if isinstance(obj, dict) else None), end
+
+
+# Braces tried by a parse each before the object's end is found by its structure.
+_BRACES_TRIED = 8
+_OUTSIDE_STRINGS = re.compile(rb'[{}"]')
+_INSIDE_STRING = re.compile(rb'["\\]')
+
+
+def _structural_end(buf: bytes, start: int, limit: int) -> int | None:
+    """The end (after its "}") of the JSON object that begins at buf[start], found by its
+    braces outside strings; None when buf[:limit] ends first. Whether it is valid JSON is
+    the parse's to say."""
+    depth, at = 0, start
+    while True:
+        token = _OUTSIDE_STRINGS.search(buf, at, limit)
+        if token is None:
+            return None
+        at = token.end()
+        if token.group() == b'"':
+            while True:  # to the string's closing quote, over its escapes
+                inside = _INSIDE_STRING.search(buf, at, limit)
+                if inside is None:
+                    return None
+                at = inside.end()
+                if inside.group() == b'"':
+                    break
+                at += 1  # the escaped character
+        elif token.group() == b"{":
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return at
 
 
 def _event_around(buf: bytes, name_at: int, after: int):
@@ -242,9 +290,13 @@ class _Scanner:
         return max(0, len(buf) - _MAX_EVENT_BYTES), max(resume, offset + len(buf) - 64)
 
     def _take(self, obj: dict) -> None:
-        name, cat = obj.get("name"), obj.get("cat")
-        if obj.get("ph") != "X" or not isinstance(name, str) or not (name.startswith(_KEPT_PREFIXES)
-                                                                      or name == SEED_DRAW):
+        name, cat, ph = obj.get("name"), obj.get("cat"), obj.get("ph")
+        if not isinstance(name, str) or not (name.startswith(_KEPT_PREFIXES) or name == SEED_DRAW):
+            return
+        if not isinstance(ph, str):  # an event of no phase is no event
+            self.bad += name != SEED_DRAW
+            return
+        if ph != "X":
             return  # flow or instant events carry the name too
         if isinstance(cat, str) and cat.startswith("gpu_"):
             return  # the GPU-side copy of an annotation (gpu_user_annotation)
@@ -317,24 +369,26 @@ def _ends_whole(tail: bytes) -> bool:
     return False
 
 
-def _metadata(scanner: _Scanner) -> tuple[int | None, int | None, str | None, str | None]:
-    """(base_ns, rank, host, error) from the top-level fields around traceEvents; rank None
-    when the trace has no distributedInfo."""
+def _metadata(scanner: _Scanner) -> tuple[int | None, int | None, str | None, str | None, bytes | None]:
+    """(base_ns, rank, host, error, base_text) from the top-level fields around traceEvents;
+    rank None when the trace has no distributedInfo; base_text is baseTimeNanoseconds as
+    written (base_ns None when it is no moment)."""
     head, tail = scanner.head, scanner.tail
     cut = head.find(_TRACE_EVENTS)
     if cut < 0:
-        return None, None, None, f"{NOT_A_TRACE} (no traceEvents)"
+        return None, None, None, f"{NOT_A_TRACE} (no traceEvents)", None
     edges = (head[:cut], tail)
     if not (any(_KINETO_FIELDS_RE.search(edge) for edge in edges)
             or any(e[0].startswith(STEP_PREFIX) for e in scanner.events)):
         return None, None, None, (f"{NOT_A_TRACE} (traceEvents without Kineto's "
                                   "schemaVersion, deviceProperties, distributedInfo, baseTimeNanoseconds "
-                                  "or ProfilerStep# events)")
-    base_ns = rank = host = None
+                                  "or ProfilerStep# events)"), None
+    base_ns = rank = host = base_text = None
     for edge in edges:
         found = _BASE_TIME_RE.search(edge)
-        if base_ns is None and found:
-            base_ns = int(found.group(1))
+        if base_text is None and found:
+            base_text = found.group(1)
+            base_ns = _base_time_ns(base_text)
         found = _HOST_RE.search(edge)
         if host is None and found:
             try:
@@ -346,7 +400,25 @@ def _metadata(scanner: _Scanner) -> tuple[int | None, int | None, str | None, st
             info, _ = _object_at(edge, found.end() - 1, found.end())
             rank = _as_int(info.get("rank")) if isinstance(info, dict) else None
     host = host if isinstance(host, str) and host.strip() else None
-    return base_ns, rank, host, None
+    return base_ns, rank, host, None, base_text
+
+
+def _base_time_ns(text: bytes) -> int | None:
+    """baseTimeNanoseconds as written (a JSON number, integral or not, or its text), in whole
+    nanoseconds; None when it is no moment (negative, not finite, not a number). A float's
+    1.790857026e+18 is placed to its precision (256 ns), not read as its leading digit."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, float):
+        value = int(value) if math.isfinite(value) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
 
 
 def _outermost(events: list[tuple]) -> tuple[list[tuple], int, list[str]]:
@@ -448,7 +520,7 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
         return ParsedFile(None, error=f"not a valid gzip file ({exc})")
     if not scanner.head.strip():
         return ParsedFile(None, error="empty file")
-    base_ns, rank, host, error = _metadata(scanner)
+    base_ns, rank, host, error, base_text = _metadata(scanner)
     if error:
         return ParsedFile(None, error=error)
     problems: list[str] = []
@@ -466,8 +538,9 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
         return ParsedFile(None, skipped, problems)
     if base_ns is None:
         if min(e[3] for e in events) < _ABSOLUTE_TS_US:
-            return ParsedFile(None, skipped, problems,
-                              "no baseTimeNanoseconds: event times cannot be placed")
+            written = "no baseTimeNanoseconds" if base_text is None else \
+                f"baseTimeNanoseconds {base_text[:40].decode(errors='replace')} is no time in nanoseconds"
+            return ParsedFile(None, skipped, problems, f"{written}: event times cannot be placed")
         base_ns = 0
     # Placed before nesting is looked at: a wrong time (a duration of 1e19) would swallow events.
     events, far = _placed(events, base_ns, problems)

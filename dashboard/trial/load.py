@@ -411,8 +411,10 @@ class ParsedEntry:
 # 3: process ids and ranks; 4: NaN and Infinity read, then skipped as non-finite; 5: a Kineto
 # trace's digest is of its decompressed bytes, its events found in any key order, a GetNext that
 # spans its loader's next one skipped; a reference-format gzip cut short keeps its events.
-# 6: values not of their field's type counted (ParsedFile.values_ignored).
-_PARSE_RULES = 6
+# 6: values not of their field's type counted (ParsedFile.values_ignored). 7: events of no phase
+# counted as bad; Chrome's object form, a BOM, gzip without .gz or with bytes after its stream read;
+# a Kineto event with bytes that are not UTF-8 skipped alone; baseTimeNanoseconds in any number form.
+_PARSE_RULES = 7
 
 
 def _file_cache_key(path: str, info: FileInfo) -> str:

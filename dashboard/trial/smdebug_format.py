@@ -212,15 +212,23 @@ def gunzip_pieces(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
     piece where the corruption shows)."""
     step = max(1, chunk_bytes // 8)
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    members, started = 0, False  # members ended (each checked against its CRC); this one begun
     for piece in pieces:
         view = memoryview(piece)
         for pos in range(0, len(view), step):
             pending = view[pos:pos + step]
             while pending:
-                out = inflater.decompress(pending, chunk_bytes)
+                try:
+                    out = inflater.decompress(pending, chunk_bytes)
+                except zlib.error as exc:
+                    if members and not started and bytes(pending[:2]) != b"\x1f\x8b":
+                        raise BytesAfterTheStream(f"followed by bytes that are not gzip: {exc}") from None
+                    raise
+                started = True
                 if out:
                     yield out
                 if inflater.eof:  # a member ends; another may follow
+                    members, started = members + 1, False
                     pending = inflater.unused_data
                     if pending:
                         inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
@@ -228,6 +236,11 @@ def gunzip_pieces(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
                     pending = inflater.unconsumed_tail
     if not inflater.eof:
         raise EOFError("compressed file ended before the end-of-stream marker was reached")
+
+
+class BytesAfterTheStream(zlib.error):
+    """Bytes after a gzip stream's complete members that begin no member (a copy with trailing
+    garbage): what the members gave is whole and checked, as a stream cut short's is."""
 
 
 def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[bytes, str | None]:
@@ -241,20 +254,26 @@ def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[byte
     is not gzip, is corrupt, or gives nothing (cut inside its header), and TrialTooLargeError
     when it inflates to more than `max_size` bytes (a few MB can inflate to many GB).
     """
-    if not key.endswith(".gz"):
+    # Gzip by its name, or by its magic bytes (a .json written gzipped): no JSON text begins
+    # with byte 0x1f, a control character.
+    if not key.endswith(".gz") and not data.startswith(b"\x1f\x8b"):
         return data, None
     try:
         if max_size is None:
             return gzip.decompress(data), None
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
             out = stream.read(max_size + 1)
-    except EOFError as exc:
-        # Decompressed again, streaming, to keep what came before the cut: only a file cut
-        # short pays for that.
-        out = _before_the_break(key, data, max_size)
-        if not out:
+    except (EOFError, gzip.BadGzipFile) as exc:
+        # Decompressed again, streaming, to keep what came before the cut, or before bytes that
+        # follow the stream and are not gzip: only such a file pays for that. Anything else
+        # gzip refused (not gzip at all, a CRC that fails) is refused as it said.
+        try:
+            out, why = _before_the_break(key, data, max_size)
+        except zlib.error:
+            raise exc from None
+        if not out or (why is None and not isinstance(exc, EOFError)):
             raise
-        return out, str(exc)
+        return out, why or str(exc)
     if len(out) > max_size:
         raise _too_large(key, max_size)
     return out, None
@@ -263,9 +282,10 @@ def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[byte
 _GUNZIP_CHUNK_BYTES = 8 << 20
 
 
-def _before_the_break(key: str, data: bytes, max_size: int | None) -> bytes:
-    """The bytes that gzip data cut short decompresses to."""
-    chunks, size = [], 0
+def _before_the_break(key: str, data: bytes, max_size: int | None) -> tuple[bytes, str | None]:
+    """The bytes that gzip data cut short, or followed by bytes that are not gzip, decompresses
+    to; and why they end there (None: the stream ends whole, as when it is only cut short)."""
+    chunks, size, why = [], 0, None
     try:
         for chunk in gunzip_pieces([data], _GUNZIP_CHUNK_BYTES):
             size += len(chunk)
@@ -274,7 +294,9 @@ def _before_the_break(key: str, data: bytes, max_size: int | None) -> bytes:
             chunks.append(chunk)
     except EOFError:
         pass
-    return b"".join(chunks)
+    except BytesAfterTheStream as exc:
+        why = str(exc)
+    return b"".join(chunks), why
 
 
 def _too_large(key: str, max_size: int) -> TrialTooLargeError:
@@ -393,6 +415,8 @@ def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
         doc = None
+    if isinstance(doc, dict) and isinstance(doc.get(TRACE_EVENTS), list):  # Chrome's object form
+        doc = doc[TRACE_EVENTS]
     if isinstance(doc, list):
         good = [e for e in doc if isinstance(e, dict)]
         bad = len(doc) - len(good)
@@ -425,6 +449,18 @@ def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None
         return good, 0, None
     more = ", ..." if bad > len(examples) else ""
     return good, bad, f"{bad} line(s) are not JSON objects ({'; '.join(examples)}{more})"
+
+
+TRACE_EVENTS = "traceEvents"
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _is_object_form(data: bytes) -> bool:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get(TRACE_EVENTS), list)
 
 
 def _rescue_with(parse_options):
@@ -547,11 +583,18 @@ def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
     # bracketing it copied each file four times, 12 % of the 300k trial's parse. One that ends
     # in anything but its bracket (a file still being written, which a followed job's every
     # refresh reads again) is not: no decoding would take it as it lies, after reading it all.
+    if data.startswith(_UTF8_BOM):  # (Windows editors write one; a copy, for such a file only)
+        data = data[len(_UTF8_BOM):]
     tail = data[-64:].rstrip()
     if not tail or tail.endswith(b"]"):
         table = _typed_trace_table(data)
         if table is not None:
             return table, 0, None
+    elif data[:64].lstrip().startswith(b"{") and _is_object_form(data):
+        # Chrome's other form, {"traceEvents": [...], ...}: the fast path would take the whole
+        # object for one event, of no name or phase. (Cut short, it is read line by line.)
+        objects, bad, problem = _json_objects(data)
+        return pa.Table.from_pylist([_raw_trace_row(e) for e in objects], schema=_RAW_TRACE_READ), bad, problem
     # A file still being written (.tmp) has no closing bracket and ends in a comma.
     body = data.strip()
     opened, closed = body.startswith(b"["), body.endswith(b"]")
@@ -692,6 +735,11 @@ def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None, ign
             which = np.maximum(np.searchsorted(at, rows_of_pid, side="right") - 1, 0)
             phase_of_row[rows_of_pid] = np.array([p for _, p in defs], dtype=np.int32)[which]
 
+    # Chrome's other phases (instant, counter, flow events) are not ours to read; an event of
+    # no phase, or one not of text, is a bad event.
+    no_phase = ph.null_count
+    if no_phase:
+        problems.append(f"{no_phase} event(s) without a phase (ph) of text")
     keep = pc.equal(ph, "X").fill_null(False)
     n_events = pc.sum(keep).as_py() or 0
     finite = pc.and_(pc.is_finite(ts).fill_null(False), pc.is_finite(dur).fill_null(False))
@@ -701,7 +749,7 @@ def trace_rows(raw: pa.Table, process: str, file_time_us: int | None = None, ign
     if bad:
         problems.append(f"{bad} event(s) with a missing, non-numeric, negative or non-finite time "
                         f"or duration, or no name")
-    bad += unpaired
+    bad += unpaired + no_phase
     if not pc.any(valid).as_py():
         return None, bad, problems, None
 
