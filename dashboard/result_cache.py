@@ -3,7 +3,7 @@ whose files did not change answers at once, without reading them.
 
 An entry is the command's output as it was written (its JSON object, or its text), under a key
 of everything that decides it: the code's version (dashboard/code_version.py), the trial's
-canonical path and the fingerprint of its listing (each file's key, size and ETag or mtime: a
+canonical path and the fingerprint of its listing (each file's key, size and ETag, or mtime and ctime: a
 new, grown or rewritten file, a growing `.tmp` file or a new S3 ETag makes another key), the
 path as typed (the report names it) and the command's options. The analysis that fills an
 entry reads the very listing its key was made of, and only a complete load is kept (none of its

@@ -84,6 +84,34 @@ def test_a_changed_file_is_a_miss(tmp_path):
     _same_trial(reloaded, load_trial(folder))
 
 
+def test_a_rewrite_at_the_same_size_with_its_mtime_set_back_is_a_miss(tmp_path):
+    # cp -p, rsync -t or tar x keep a file's mtime: a rewrite of the same size was read as
+    # unchanged, the trial and every kept answer served with the old content.
+    folder, _ = _trial(tmp_path)
+    directory = str(tmp_path / "columns")
+    command = [sys.executable, os.path.join(ROOT, "app.py"), "analyze", folder, "--json", "--cache-dir", directory]
+    before = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout)
+    changed = next(k for k in _files_of(folder) if k.startswith("framework/"))
+    path = os.path.join(folder, changed)
+    kept = os.stat(path)
+    with open(path) as handle:
+        text = handle.read()
+    # Another first digit of the first duration: the same size, another time.
+    rewritten = re.sub(r'("dur": )([1-9])', lambda m: m.group(1) + str(int(m.group(2)) % 9 + 1), text, count=1)
+    assert rewritten != text and len(rewritten) == len(text)
+    with open(path, "w") as handle:
+        handle.write(rewritten)
+    os.utime(path, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == kept.st_mtime_ns and os.stat(path).st_size == kept.st_size
+    store = CountingStore(LocalStore(folder))
+    reloaded = load_trial(folder, store=store, file_cache=ColumnarFileCache(directory))
+    assert store.reads == [changed]
+    _same_trial(reloaded, load_trial(folder))
+    after = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout)
+    plain = json.loads(subprocess.run(command[:-2], capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert after == plain != before
+
+
 def test_a_growing_tmp_file_is_read_again_each_time(tmp_path):
     folder, written = _trial(tmp_path)
     node = written.events[0].node

@@ -419,7 +419,7 @@ _PARSE_RULES = 7
 
 def _file_cache_key(path: str, info: FileInfo) -> str:
     """Names one version of one file of one trial (`path`: the store's canonical_path, one
-    name however the trial was spelled): a file whose size or version (ETag, mtime) changed is
+    name however the trial was spelled): a file whose size or version (ETag; mtime and ctime) changed is
     another entry."""
     identity = f"{path}\0{info.key}\0{info.size}\0{info.version}\0{_PARSE_RULES}".encode()
     return "parsed:" + hashlib.sha256(identity).hexdigest()
@@ -716,7 +716,7 @@ def load_trial(path: str, *, roots: Sequence[str] | None = None, s3_client=None,
         system samples; counted while parsing, so that the load stops early. max_files: refuse
         a trial whose listing holds more files (each costs a read and a parse however small).
     file_cache: a mapping that keeps each file's parse between loads: a file whose size and
-        version (ETag, mtime) are unchanged is taken from it, not read again, so that reloading
+        version (ETag; mtime and ctime) are unchanged is taken from it, not read again, so that reloading
         a running job's trial reads only its new files. A dict keeps them in this process; a
         columnar_cache.ColumnarFileCache as Arrow files that any process reads.
     dask_client: a dask.distributed Client: each file is read and parsed by a task on its

@@ -46,7 +46,14 @@ for _name in ("botocore.auth", "botocore.endpoint", "botocore.httpsession", "bot
 class FileInfo:
     key: str  # path relative to the trial root, '/'-separated
     size: int
-    version: str  # ETag (S3) or mtime_ns (local): changes when the content does
+    version: str  # ETag (S3) or local_version: changes when the content does
+
+
+def local_version(st: os.stat_result) -> str:
+    """A local file's version: its mtime, and its ctime, which a copy that keeps the mtime
+    (cp -p, rsync -t, tar x: os.utime) cannot set back. A file rewritten at its old size and
+    time was read as unchanged, every cache serving the old content."""
+    return f"{st.st_mtime_ns}.{st.st_ctime_ns}"
 
 
 def fingerprint(files: Iterable[FileInfo]) -> str:
@@ -98,7 +105,7 @@ class LocalStore:
         if self.single_file:
             st = os.stat(self.root)
             self.skipped = []
-            return [FileInfo(self.single_file, st.st_size, str(st.st_mtime_ns))]
+            return [FileInfo(self.single_file, st.st_size, local_version(st))]
         files, skipped = [], []
         # A stack, not os.walk: Python 3.11's os.walk recurses once per folder level, and a
         # folder 3,000 deep ended the load in a RecursionError.
@@ -135,7 +142,7 @@ class LocalStore:
                     if not entry.is_symlink():
                         continue  # removed (rotated) between listing and stat
                     st = os.lstat(entry.path)  # a broken link: listed, so that reading it says why
-                files.append(FileInfo(key, st.st_size, str(st.st_mtime_ns)))
+                files.append(FileInfo(key, st.st_size, local_version(st)))
             folders.extend(reversed(below))  # depth first, in name order
         self.skipped = skipped
         return files
