@@ -287,7 +287,11 @@ def main(argv=None) -> int:
         return _export(args)
     from dashboard.web.server import serve
 
-    return serve(args)
+    try:
+        return serve(args)
+    except OSError as exc:  # a cache folder it may not use, an address it cannot listen on
+        _fail(str(exc))
+        return 2
 
 
 def __getattr__(name):

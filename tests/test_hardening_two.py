@@ -734,3 +734,17 @@ def test_the_url_names_the_trial_in_its_one_spelling_and_opens_the_same_trial(da
     with diskcache.Cache(str(cache_dir / "trials")) as disk:  # (the page first opened the sample)
         ours = [k for k in disk if str(k).startswith("trial:") and disk[k].path.startswith(str(tmp_path))]
     assert len(ours) == 1  # one key, one read
+
+
+def test_serve_on_a_cache_folder_of_another_user_says_so_in_one_line(tmp_path):
+    # It raised out of `serve` with a traceback; a server that cannot start says why in one line.
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    os.chown(cache_dir, 54321, 54321)
+    done = subprocess.run([sys.executable, APP, "serve", "--cache-dir", str(cache_dir),
+                           "--port", "0"], capture_output=True, text=True, timeout=CLI_WITHIN_S)
+    assert done.returncode == 2, done
+    assert done.stderr.strip().splitlines() == [
+        f"error: the cache folder {cache_dir} belongs to another user (uid 54321); give the cache a folder of its own"]

@@ -1,9 +1,10 @@
 """Loaded trials, cached on disk (shared by every server process) and in memory.
 
-A trial is cached under a key made of its path and the fingerprint of its listing
-(each file's key, size and ETag or mtime). A load lists the trial first: an unchanged
-trial is served from the cache at once; a trial that changed (a running job wrote or
-rotated files) has a new key and is read again, so it is never served stale. The path
+A trial is cached under a key made of its path, the fingerprint of its listing (each file's
+key, size and ETag or mtime) and the code's version (dashboard/code_version.py). A load lists
+the trial first: an unchanged trial is served from the cache at once; a trial that changed (a
+running job wrote or rotated files) has a new key and is read again, so it is never served
+stale; nor is one that other code read (an upgrade on the same cache folder). The path
 in the key is the store's canonical one: `/data/x/` and `/data/./x` are one trial. Only
 complete loads are stored: a load that fails raises before anything is written, and one that
 skipped files missing or unreadable at that moment is shown but not kept as the listing's.
@@ -18,7 +19,8 @@ of making twenty. A lock entry in the shared cache says who is at it.
 
 The cache folder holds pickles (unpickling one runs code) and the background jobs' results:
 it is private to the server's user. Its folders are made (or made again) 0700 and its files
-0600, and a folder owned by another user is refused.
+0600, and a folder owned by another user is refused. A damaged database of the folder is set
+aside (renamed, and said in the log) and an empty one started: it is only a cache.
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ from ..trial.columnar_cache import ColumnarFileCache
 from ..trial.private_files import PRIVATE_FILE, make_private_folder
 from ..trial.errors import NotATrialError
 from ..trial.load import Trial, load_trial
-from ..trial.frames import FRAMEWORK_COLUMNS, SYSTEM_COLUMNS, missing_column
+from ..trial.frames import missing_column
 from ..trial.store import fingerprint, open_store
 
 TRIALS_FOLDER = "trials"
@@ -130,6 +132,14 @@ def free_space_reserve(disk_bytes: int) -> int:
     return min(FREE_SPACE_RESERVE_MAX, max(FREE_SPACE_RESERVE_MIN, disk_bytes // 10))
 
 
+class OverSizeLimitError(ValueError):
+    """A value larger than its cache's size limit: written, the limit's culling would take it (and
+    the entries the cache held before it) at once."""
+
+    def __init__(self, needed: int, limit: int):
+        super().__init__(f"{_mb(needed)} to keep, over its size limit of {_mb(limit)}")
+
+
 class CacheFullError(OSError):
     """A value the cache's disk has no room for, keeping its reserve free."""
 
@@ -164,8 +174,10 @@ def compact_pickle(value, protocol: int) -> bytes:
 
 class _PrivateDisk(diskcache.Disk):
     """Writes each large value's file 0600 (diskcache leaves it to the umask: 0644), and only where
-    the disk keeps its reserve free after it (CacheFullError); a write that fails half-way leaves
-    no piece of a file behind."""
+    the disk keeps its reserve free after it (CacheFullError) and its cache's size limit can hold it
+    (OverSizeLimitError); a write that fails half-way leaves no piece of a file behind."""
+
+    size_limit: int | None = None  # its cache's (ForkSafeCache): diskcache's Disk is not told it
 
     def store(self, value, read, key=diskcache.core.UNKNOWN):
         if read or type(value) in (str, bytes, int, float):  # diskcache's own ways (none of ours)
@@ -177,6 +189,8 @@ class _PrivateDisk(diskcache.Disk):
         result = compact_pickle(value, self.pickle_protocol)
         if len(result) < self.min_file_size:
             return 0, diskcache.core.MODE_PICKLE, None, sqlite3.Binary(result)
+        if self.size_limit is not None and len(result) > self.size_limit:
+            raise OverSizeLimitError(len(result), self.size_limit)
         usage = shutil.disk_usage(self._directory)
         reserve = free_space_reserve(usage.total)
         if usage.free - len(result) < reserve:
@@ -215,13 +229,10 @@ class ForkSafeCache(diskcache.Cache):
         self._operations = threading.local()  # per thread: how deep in operations it is
         self._connections: set[sqlite3.Connection] = set()  # every thread's, for a fork to close
         self._generation = 0  # how many forks closed them: a thread's older one is closed
+        self._settings = settings  # what an empty database is started with (_set_aside)
         make_private_folder(directory)
         database = os.path.join(directory, diskcache.core.DBNAME)
-        # Made here 0600, before SQLite makes it under the umask: SQLite gives its -wal and
-        # -shm files the database's permissions. Only when it does not exist: closing a
-        # descriptor of a database this process has open drops SQLite's POSIX locks on it.
-        with contextlib.suppress(FileExistsError):
-            os.close(os.open(database, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, PRIVATE_FILE))
+        self._create_database_file(database)
         for name in (database, database + "-wal", database + "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(name).st_mode & 0o077:
@@ -229,6 +240,15 @@ class ForkSafeCache(diskcache.Cache):
         _FORK_SAFE_CACHES.add(self)
         with self._operation():
             super().__init__(directory, disk=_PrivateDisk, **settings)
+        self._disk.size_limit = self.size_limit
+
+    @staticmethod
+    def _create_database_file(database: str) -> None:
+        # Made here 0600, before SQLite makes it under the umask: SQLite gives its -wal and
+        # -shm files the database's permissions. Only when it does not exist: closing a
+        # descriptor of a database this process has open drops SQLite's POSIX locks on it.
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(database, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, PRIVATE_FILE))
 
     @contextlib.contextmanager
     def _operation(self):
@@ -239,6 +259,10 @@ class ForkSafeCache(diskcache.Cache):
             self._operations.depth = depth + 1
             try:
                 yield
+            except sqlite3.DatabaseError as exc:
+                if not depth and _damaged(exc):  # (the whole operation ended: none of its statements runs on)
+                    self._set_aside(exc)
+                raise
             finally:
                 self._operations.depth = depth
 
@@ -255,22 +279,77 @@ class ForkSafeCache(diskcache.Cache):
             local.generation = self._generation
         con = getattr(local, "con", None)
         if con is None:
-            # diskcache's own _con (its connection, its per-connection settings), but usable from
-            # the thread that closes it before a fork (every other thread then waits outside
-            # SQLite): diskcache connects with check_same_thread left on, and has no way to say so.
-            con = sqlite3.connect(os.path.join(self.directory, diskcache.core.DBNAME), timeout=self.timeout,
-                                  isolation_level=None, check_same_thread=False)
-            local.con = con
-            self._connections.add(con)
             try:
-                settings = con.execute("SELECT key, value FROM Settings").fetchall()
-            except sqlite3.OperationalError:
-                pass  # (a new database: diskcache's __init__ makes the table)
-            else:
-                for key, value in settings:
-                    if key.startswith("sqlite_"):
-                        self.reset(key, value, update=False)
+                con = self._connect()
+            except sqlite3.DatabaseError as exc:
+                if not _damaged(exc):
+                    raise
+                self._set_aside(exc)  # (a connection's first statement: its operation goes on, on the new one)
+                con = self._connect()
         return con
+
+    def _connect(self) -> sqlite3.Connection:
+        """diskcache's own _con (its connection, its per-connection settings), but usable from the
+        thread that closes it before a fork (every other thread then waits outside SQLite):
+        diskcache connects with check_same_thread left on, and has no way to say so."""
+        database = os.path.join(self.directory, diskcache.core.DBNAME)
+        con = sqlite3.connect(database, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        self._local.con = con
+        self._connections.add(con)
+        with contextlib.suppress(FileNotFoundError):
+            self._local.inode = os.stat(database).st_ino  # the file this connection found (_set_aside)
+        try:
+            settings = con.execute("SELECT key, value FROM Settings").fetchall()
+        except sqlite3.OperationalError:
+            settings = []  # (a new database: diskcache's __init__ makes the table)
+        for key, value in settings:
+            if key.startswith("sqlite_"):
+                self.reset(key, value, update=False)
+        return con
+
+    def _set_aside(self, damage: sqlite3.DatabaseError) -> None:
+        """Sets the database this thread's connection found damaged aside (renamed, said in the log)
+        and starts an empty one: it is only a cache, and every operation on it would fail on (at
+        start-up too). Only while that database is still the folder's: another process that met the
+        damage first has set it aside, and started the one there now. This process's other threads
+        go on with their connections to the old one until they close them (after each request, and
+        at a fork) or meet the damage themselves. The values' files of the old database stay."""
+        local = self._local
+        con, inode = local.__dict__.pop("con", None), local.__dict__.pop("inode", None)
+        if con is not None:
+            self._connections.discard(con)
+            with contextlib.suppress(sqlite3.Error):
+                con.close()
+        database = os.path.join(self.directory, diskcache.core.DBNAME)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(database).st_ino == inode:
+                aside = f"{database}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(database + suffix, aside + suffix)
+                log.warning("the cache database %s is damaged (%s): set aside as %s, and an empty one started",
+                            database, damage, aside)
+        self._create_database_file(database)
+        # Its tables, as diskcache makes them (idempotent: another process may be at it too).
+        diskcache.Cache(self.directory, disk=_PrivateDisk, **self._settings).close()
+
+    def intact(self, key) -> bool:
+        """Whether `key` is there with its value whole, without reading it: a large value's file of
+        the size written (a truncated or missing file is found here; one damaged within its size,
+        when read: a miss then, TrialCache._get)."""
+        with self._operation():
+            db_key, raw = self._disk.put(key)
+            rows = self._sql("SELECT filename, size FROM Cache WHERE key = ? AND raw = ?"
+                             " AND (expire_time IS NULL OR expire_time > ?)", (db_key, raw, time.time())).fetchall()
+        if not rows:
+            return False
+        ((filename, size),) = rows
+        if filename is None:
+            return True  # (in the database itself)
+        try:
+            return os.stat(os.path.join(self.directory, filename)).st_size == size
+        except OSError:
+            return False
 
     def _close_for_fork(self) -> None:
         """Closes every thread's connection (the fork guard's, before a fork: no thread is inside
@@ -334,6 +413,12 @@ class ForkSafeCache(diskcache.Cache):
             return super().volume()
 
 
+def _damaged(error: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite found its database damaged (not a database, or a malformed one), not merely
+    busy, full or unreadable."""
+    return (getattr(error, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
 def _lock_token() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
 
@@ -355,11 +440,10 @@ def _process_alive(token: str) -> bool:
         return True  # it exists, but cannot be inspected
 
 
-# A trial cached with other frame columns (an older version of the reader) is another entry.
-_SCHEMA = ",".join(FRAMEWORK_COLUMNS + SYSTEM_COLUMNS)
-# Names the rules entries were kept by (2: only complete loads; before, a load that missed files
-# was kept as the whole listing's): an entry kept by older rules is not taken for one of these.
-_KEEP_RULES = 2
+# What made a cached trial, an analysis or a drawn part of a page: an upgrade on the same cache
+# folder (a parser's fix, a class of other attributes, other frame columns or rules of keeping)
+# reads the trial again and computes its own, never served what older code made.
+CODE_VERSION = code_version()
 
 
 def trial_spelling(path: str) -> str:
@@ -377,13 +461,8 @@ def trial_spelling(path: str) -> str:
 
 def trial_key(path: str, listing_fingerprint: str) -> str:
     """path: the store's canonical_path."""
-    identity = f"{path}\0{listing_fingerprint}\0{_SCHEMA}\0{_KEEP_RULES}"
+    identity = f"{path}\0{listing_fingerprint}\0{CODE_VERSION}"
     return hashlib.sha256(identity.encode()).hexdigest()[:32]
-
-
-# What an analysis or a drawn part of a page was made by (a pickle of an unchanged class
-# unpickles, whatever its numbers were made by).
-CODE_VERSION = code_version()
 
 
 def _derived_name(what: str, key: str, node: str | None, factor: float) -> str:
@@ -484,7 +563,12 @@ class TrialCache:
         for attempt in (1, 2):
             try:
                 self.disk.set(key, value)
-                return True
+                if key in self.disk:
+                    return True
+                # Culled by its own write: with the database's own pages, over the size limit.
+                problem = "the cache's size limit culled it as it was written"
+            except OverSizeLimitError as exc:
+                problem = f"larger than the cache: {exc}"
             except CacheFullError as exc:
                 if attempt == 1 and self._make_room(exc.needed):
                     continue
@@ -598,12 +682,13 @@ class TrialCache:
     def ready(self, key: str, nodes: Sequence[str | None],
               factor: float = DEFAULT_OUTLIER_FACTOR) -> tuple[int | None, int | None] | None:
         """The (start_us, end_us) of a trial whose page finds all it needs on the disk already:
-        the trial (whole: kept only so), and the analysis and assessment of each node; else
-        None. Nothing is read back: a warm 3M-GetNext trial's load spent 0.6 s unpickling
-        what its page then reads again in the server's own process."""
+        the trial (whole: kept only so), and the analysis and assessment of each node, each
+        intact; else None (the load reads them again). Nothing is read back: a warm 3M-GetNext
+        trial's load spent 0.6 s unpickling what its page then reads again in the server's own
+        process."""
         names = [f"trial:{key}", *(_derived_name(what, key, node, factor) for node in nodes
                                    for what in ("analysis", "assessment"))]
-        if not all(name in self.disk for name in names):
+        if not all(self.disk.intact(name) for name in names):
             return None
         self._mark_used(names)  # not read back, but used: the culling must not take them first
         span = self._get(f"span:{key}")
@@ -693,7 +778,7 @@ class TrialCache:
         if self.memory.get(name) is not None:
             return True
         for kept in (name, f"source:{key}"):
-            if kept in self.disk:
+            if self.disk.intact(kept):
                 self._mark_used([kept])  # what a page shows from its parts: used, not read back
                 return True
         return False
