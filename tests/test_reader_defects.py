@@ -565,3 +565,36 @@ def test_a_trace_getnext_of_no_phase_is_counted_and_its_flow_events_are_not(reco
     parsed = parse_kineto_file(_trace_with(recording, strip_phase), "run.pt.trace.json")
     assert len(getnext_starts(parsed.table)) == len(recording["calls"]) - 1
     assert parsed.lines_skipped == 1, parsed.problems
+
+
+@pytest.mark.parametrize("layout", ["one-line-one-bad", "indented-cut-short"])
+def test_a_framework_file_not_one_event_per_line_keeps_its_valid_events(tmp_path, layout):
+    # Read line by line, a file of one line lost every event to one bad one, and an indented
+    # file cut short lost them all to its cut (each of its lines a fragment): 0 GetNexts.
+    folder, framework, events = _sample_events(tmp_path)
+    whole = _loaded_getnexts(SAMPLE)[0]
+    last = max(i for i, e in enumerate(events) if e.get("ph") == "X" and e["name"].endswith("::GetNext"))
+    if layout == "one-line-one-bad":
+        items = [json.dumps(e) for e in events]
+        text, expected = "[" + ", ".join(items[:3] + ['{"name": "x", "ph": }'] + items[3:]) + "]", whole
+    else:
+        kept = events[:last + 1]  # the last GetNext, cut inside
+        indented = json.dumps(kept, indent=2)
+        text, expected = indented[:indented.rindex('"dur"')], whole - 1
+    with open(framework, "w") as handle:
+        handle.write(text)
+    count, report = _loaded_getnexts(folder)
+    assert count == expected
+    assert report.lines_skipped == 1
+    [said] = report.files_with_skipped_lines
+    assert "read by their braces" in said.reason, said
+
+
+def test_metric_records_written_two_on_a_line_are_kept(tmp_path):
+    folder, _, _, _, system = _copy_of_sample(tmp_path)
+    clean = load_trial(folder)
+    lines = _lines_of(system)
+    lines[3:5] = [lines[3] + lines[4]]  # a newline lost between two records
+    _rewrite(system, lines)
+    trial = load_trial(folder)
+    assert len(trial.system) == len(clean.system) and trial.report.lines_skipped == 0

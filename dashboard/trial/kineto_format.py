@@ -75,7 +75,7 @@ import pyarrow as pa
 from .. import format as fmt
 from .frames import FRAMEWORK_ARROW_SCHEMA
 from .smdebug_format import (_MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number, _read_as,
-                             gunzip_pieces, noted_ignored, place_in_time)
+                             gunzip_pieces, noted_ignored, place_in_time, structural_end)
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
 # Any other JSON file may be a trace too (`prof.export_chrome_trace("trace.json")`, HTA's
@@ -172,7 +172,7 @@ def _object_at(buf: bytes, start: int, after: int):
     # Braces in its strings (a path, a repr): the object's own close found by its structure, so
     # no event costs more than a parse or two however many braces its strings hold (one parse
     # per brace made a 1.2 MB trace of 60 KB strings of "}" take half a minute).
-    end = _structural_end(buf, start, start + _MAX_EVENT_BYTES + 1)
+    end = structural_end(buf, start, start + _MAX_EVENT_BYTES + 1)
     if end is None:
         return (None, None) if len(buf) <= start + _MAX_EVENT_BYTES else (None, after)
     if end <= after:
@@ -186,37 +186,6 @@ def _object_at(buf: bytes, start: int, after: int):
 
 # Braces tried by a parse each before the object's end is found by its structure.
 _BRACES_TRIED = 8
-_OUTSIDE_STRINGS = re.compile(rb'[{}"]')
-_INSIDE_STRING = re.compile(rb'["\\]')
-
-
-def _structural_end(buf: bytes, start: int, limit: int) -> int | None:
-    """The end (after its "}") of the JSON object that begins at buf[start], found by its
-    braces outside strings; None when buf[:limit] ends first. Whether it is valid JSON is
-    the parse's to say."""
-    depth, at = 0, start
-    while True:
-        token = _OUTSIDE_STRINGS.search(buf, at, limit)
-        if token is None:
-            return None
-        at = token.end()
-        if token.group() == b'"':
-            while True:  # to the string's closing quote, over its escapes
-                inside = _INSIDE_STRING.search(buf, at, limit)
-                if inside is None:
-                    return None
-                at = inside.end()
-                if inside.group() == b'"':
-                    break
-                at += 1  # the escaped character
-        elif token.group() == b"{":
-            depth += 1
-        else:
-            depth -= 1
-            if depth == 0:
-                return at
-
-
 def _event_around(buf: bytes, name_at: int, after: int):
     """(object, end) of the innermost JSON object around the name at buf[name_at] that runs
     past `after` (the name's end), as _object_at returns them.

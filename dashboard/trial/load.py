@@ -413,7 +413,8 @@ class ParsedEntry:
 # spans its loader's next one skipped; a reference-format gzip cut short keeps its events.
 # 6: values not of their field's type counted (ParsedFile.values_ignored). 7: events of no phase
 # counted as bad; Chrome's object form, a BOM, gzip without .gz or with bytes after its stream read;
-# a Kineto event with bytes that are not UTF-8 skipped alone; baseTimeNanoseconds in any number form.
+# a Kineto event with bytes that are not UTF-8 skipped alone; baseTimeNanoseconds in any number form;
+# a file not one object per line read by its objects' braces where its lines are mostly broken.
 _PARSE_RULES = 7
 
 

@@ -18,6 +18,7 @@ from collections import Counter
 import io
 import keyword
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
@@ -403,6 +404,37 @@ def place_in_time(start_us: np.ndarray, end_us: np.ndarray, sane: np.ndarray, na
 
 # --- line-by-line path --------------------------------------------------------------
 
+_OUTSIDE_STRINGS = re.compile(rb'[{}"]')
+_INSIDE_STRING = re.compile(rb'["\\]')
+
+
+def structural_end(buf: bytes, start: int, limit: int) -> int | None:
+    """The end (after its "}") of the JSON object that begins at buf[start], found by its
+    braces outside strings; None when buf[:limit] ends first. Whether it is valid JSON is
+    the parse's to say."""
+    depth, at = 0, start
+    while True:
+        token = _OUTSIDE_STRINGS.search(buf, at, limit)
+        if token is None:
+            return None
+        at = token.end()
+        if token.group() == b'"':
+            while True:  # to the string's closing quote, over its escapes
+                inside = _INSIDE_STRING.search(buf, at, limit)
+                if inside is None:
+                    return None
+                at = inside.end()
+                if inside.group() == b'"':
+                    break
+                at += 1  # the escaped character
+        elif token.group() == b"{":
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return at
+
+
 def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None]:
     """Every JSON object of a trace array or JSON-lines file, the count of bad lines and
     why they are bad (the first few, by line number).
@@ -424,6 +456,9 @@ def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None
     if isinstance(doc, dict):
         return [doc], 0, None
     good, bad, examples = [], 0, []
+    # Bytes a file may have read by their braces: Python steps brace by brace, and a file of
+    # nothing but "{" would take seconds a MB.
+    by_structure = _MAX_STRUCTURE_BYTES
     for number, line in enumerate(data.split(b"\n"), 1):
         line = line.strip().rstrip(b",").strip()
         if line in (b"", b"[", b"]"):
@@ -442,13 +477,54 @@ def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None
         if isinstance(obj, dict):
             good.append(obj)
             continue
+        if obj is None and line.count(b"{") > 1 and len(line) <= by_structure:  # objects one after another?
+            by_structure -= len(line)
+            found, broken = _objects_by_structure(line, rescue)
+            if len(found) > 1 and not broken:
+                good += found
+                continue
         bad += 1
         if len(examples) < 3:
             examples.append(f"line {number}: {why}")
     if not bad:
         return good, 0, None
+    if bad >= len(good) and len(data) <= by_structure:
+        # Most lines broken: the file may not be one object per line (json.dump on one line,
+        # or indented), one bad object, or a cut, then cost them all. Its objects found by
+        # their braces are taken where they keep more (a line cut short, in a file of one
+        # object per line, would hold its braces open over the lines after it).
+        found, broken = _objects_by_structure(data, rescue)
+        if len(found) > len(good):
+            return found, broken, (f"{broken} object(s) are not valid JSON (read by their braces: the file "
+                                   f"is not one object per line)") if broken else None
     more = ", ..." if bad > len(examples) else ""
     return good, bad, f"{bad} line(s) are not JSON objects ({'; '.join(examples)}{more})"
+
+
+# Files written otherwise than one object per line are rare (hand-made, or another writer's);
+# beyond this, such a file keeps what its lines give. (About 2 s of a file of "{" alone.)
+_MAX_STRUCTURE_BYTES = 4 << 20
+
+
+def _objects_by_structure(data: bytes, rescue=None) -> tuple[list[dict], int]:
+    """The JSON objects of data found by their braces (structural_end), each parsed alone, and
+    the count of those that are not valid: one cut short by the file's end included."""
+    good, bad, at = [], 0, 0
+    while (start := data.find(b"{", at)) >= 0:
+        end = structural_end(data, start, len(data))
+        if end is None:
+            return good, bad + 1
+        text = data[start:end]
+        try:
+            obj = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            obj = rescue(text) if rescue is not None else None
+        if isinstance(obj, dict):
+            good.append(obj)
+        else:
+            bad += 1
+        at = end
+    return good, bad
 
 
 TRACE_EVENTS = "traceEvents"
