@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -598,3 +599,14 @@ def test_metric_records_written_two_on_a_line_are_kept(tmp_path):
     _rewrite(system, lines)
     trial = load_trial(folder)
     assert len(trial.system) == len(clean.system) and trial.report.lines_skipped == 0
+
+
+def test_a_trace_event_with_its_name_written_twice_is_one_event(recording):
+    # Each "name" was a candidate: the event was taken twice, then reported as one that spans
+    # its loader's next call (a bad event, in a file that has none).
+    raw = recording["raw"]
+    found = re.search(rb'"name": "enumerate\(DataLoader\)#[^"]*",', raw)
+    twice = raw[:found.end()] + b" " + found.group() + raw[found.end():]
+    parsed = parse_kineto_file(twice, "run.pt.trace.json")
+    assert getnext_starts(parsed.table) == getnext_starts(parse_kineto_file(raw, "run.pt.trace.json").table)
+    assert parsed.lines_skipped == 0, parsed.problems

@@ -240,6 +240,8 @@ class _Scanner:
         start of one), and the stream offset from which the next scan looks for names.
         """
         for match in _CANDIDATE_RE.finditer(buf, max(0, resume - offset)):
+            if offset + match.start() < resume:
+                continue  # inside the event just taken (a "name" key written twice): one event
             obj, end = _event_around(buf, match.start(), match.end())
             if end is None:  # the event continues in the next chunk, or the file ends in it
                 if final:
