@@ -1,7 +1,7 @@
 """Loaded trials, cached on disk (shared by every server process) and in memory.
 
 A trial is cached under a key made of its path, the fingerprint of its listing (each file's
-key, size and ETag or mtime) and the code's version (dashboard/code_version.py). A load lists
+key, size, and ETag or mtime and ctime) and the code's version (dashboard/code_version.py). A load lists
 the trial first: an unchanged trial is served from the cache at once; a trial that changed (a
 running job wrote or rotated files) has a new key and is read again, so it is never served
 stale; nor is one that other code read (an upgrade on the same cache folder). The path
