@@ -131,6 +131,7 @@ class PipelineModel:
     mean_latency_us: float = 0.0
     mean_cpu_us: float = 0.0
     mean_compute_us: float = 0.0
+    iterator_batches: int = 0  # the median iterator's batches (0: none)
     main_cores: float = 0.0  # the main process's use of the cores in training
     other_cores: float = 0.0  # other processes' use of the host's cores in training
     contention: float | None = None  # (cpu + run-queue wait) / cpu of the fetches, measured
@@ -178,7 +179,11 @@ class PipelineModel:
         return max(MIN_WORKER_CORES, min(scaled, self.cores - main_keeps))
 
     def stretch(self, workers: int) -> float:
-        """How much the computing part of a fetch stretches with `workers` workers."""
+        """How much the computing part of a fetch stretches with `workers` workers: those an
+        iterator keeps busy, no more than its batches (a worker with no batch to fetch takes no
+        core; counted, 256 workers for iterators of 8 batches predicted 31x today's training)."""
+        if self.iterator_batches:
+            workers = min(workers, self.iterator_batches)
         cpu, latency = self.mean_cpu_us, self.mean_latency_us
         cores = self.cores_for(workers)
         if workers <= 0 or cores is None or cpu <= 0:
@@ -418,6 +423,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     model.cpu_base_us = cpu_base
     model.mean_cpu_us = float(np.mean(cpu_base)) if n else 0.0
     model.mean_compute_us = float(np.mean(compute)) if n else 0.0
+    model.iterator_batches = int(np.median(np.bincount(segment)[np.unique(segment)])) if n else 0
     if contention is not None:
         # Measured: the waiting part is what is neither CPU work nor queueing for a core.
         model.latency_base_us = np.maximum(base - (cpu + runq) / per_speed, 0.0)
