@@ -397,7 +397,7 @@ def compare_text(a: TrialAnalysis, b: TrialAnalysis, comparison=None) -> str:
     for item in data["findings"]:
         savings = ", ".join(f"{saving_text(value)} in {run}" for run, value in
                             (("A", item["saving_s_a"]), ("B", item["saving_s_b"])) if value is not None)
-        lines.append(f"  {item['status']:<9} ({item['id']})" + (f" [{savings}]" if savings else ""))
+        lines.append(f"  {item['status']:<10} ({item['id']})" + (f" [{savings}]" if savings else ""))
     lines.append("")
     predicted, achieved = data["predicted"], data["achieved"]
     if predicted is None:

@@ -134,3 +134,27 @@ def test_no_fix_is_claimed_where_b_still_has_the_slow_workers_of_a_job_of_severa
     comparison = compare(a, b)
     assert {f.id: f.status for f in comparison.findings}["slow_worker"] == "remaining"
     assert comparison.predicted is None, comparison.predicted
+
+
+def test_findings_are_not_judged_by_a_run_that_recorded_no_loader(tmp_path):
+    # B of the sample's system metrics alone (its GetNexts unrecorded): every one of A's
+    # findings was marked resolved, a fix B never showed.
+    import os
+    import shutil
+
+    from dashboard.analysis.compare import NOT_JUDGED, RESOLVED
+    from dashboard.report import compare_text
+    from tests.conftest import ROOT
+
+    sample = os.path.join(ROOT, "examples", "sample-trial", "trial")
+    shutil.copytree(os.path.join(sample, "system"), tmp_path / "b" / "system")
+    a, b = dashboard.analyze(sample), dashboard.analyze(str(tmp_path / "b"))
+    assert a.recommendations and not b.budget
+    comparison = compare(a, b)
+    assert [f.status for f in comparison.findings] == [NOT_JUDGED] * len(a.recommendations)
+    data = compare_dict(a, b, comparison)
+    assert {f["status"] for f in data["findings"]} == {"not_judged"}
+    assert "  not_judged (" in compare_text(a, b, comparison)
+    # B of a run with its loaders: A's findings B lacks are resolved, as before.
+    fixed = compare(a, dashboard.analyze(sample))
+    assert RESOLVED not in {f.status for f in fixed.findings}  # (the same run: all remaining)

@@ -3,7 +3,8 @@
     compare(Side(assessment_a, framework_a), Side(assessment_b, framework_b)) -> Comparison
         .delta              B minus A: training time, wait (GetNext) and input-bound percent
         .settings_changed   per training loader, the DataLoader settings that differ
-        .findings           each finding of either run: resolved, remaining or new
+        .findings           each finding of either run: resolved, remaining or new (not_judged:
+                            A's, where B trained no loader the diagnosis could assess)
         .predicted          A's what-if for B's changed settings; where none changed, A's
                             predictions for the slow workers B no longer has (None: nothing to predict)
         .achieved           what B measured, on the same basis as the prediction
@@ -34,6 +35,9 @@ NOT_RECORDED = "not recorded"
 # pin_memory (WHAT_IF_KEYS).
 SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "in_order", "persistent_workers")
 RESOLVED, REMAINING, NEW = "resolved", "remaining", "new"
+# A's finding where B trained no loader the diagnosis could assess (no GetNext recorded, system
+# metrics alone): B says nothing of it, which is not its fix.
+NOT_JUDGED = "not_judged"
 SLOW_WORKER = "slow_worker"  # the finding whose fix, the worker made as fast as the others, A predicts
 # A budget's loader label is '<iterator class> (num_workers=...)' (diagnosis.loaders.Loader.label).
 
@@ -59,7 +63,7 @@ class SettingChange:
 class FindingStatus:
     id: str
     loader: str | None  # the iterator class the finding is about
-    status: str  # resolved | remaining | new
+    status: str  # resolved | remaining | new | not_judged
     saving_s_a: float | None
     saving_s_b: float | None
     text_a: str | None = None
@@ -113,7 +117,8 @@ def _recorded_value(rows: pd.DataFrame, column: str):
 
 def loader_settings(item: LoaderBudget, inits: pd.DataFrame) -> dict:
     """A training loader's DataLoader settings as the run recorded them (NOT_RECORDED where
-    its iterator initializations do not say), persistence also as re-creations show it."""
+    its iterator initializations do not say), persistence also as re-creations show it, and a
+    single-process iterator's num_workers (0) as its class says it."""
     rows = inits[((inits["cls"] == item.iterator)
                   & (inits["process"].astype(str) == item.process)).to_numpy()]
     workers = item.evidence.get("num_workers")
@@ -126,6 +131,8 @@ def loader_settings(item: LoaderBudget, inits: pd.DataFrame) -> dict:
         if key == "persistent_workers":
             seen = item.evidence.get("persistent_workers")  # recorded, or seen from re-creations
             out[key] = NOT_RECORDED if seen is None else bool(seen)
+        elif key == "num_workers" and recorded == NOT_RECORDED and fmt.SINGLE_PROCESS_ITER in item.iterator:
+            out[key] = 0  # its class says so, recorded or not
         elif key == "pin_memory" or recorded == NOT_RECORDED:
             out[key] = recorded
         else:
@@ -276,12 +283,13 @@ def _findings(a: Side, b: Side) -> list[FindingStatus]:
     for item in b.assessment.recommendations:
         later.setdefault(key(item), item)
     out, seen = [], set()
+    gone = RESOLVED if b.assessment.budget else NOT_JUDGED
     for item in a.assessment.recommendations:
         if key(item) in seen:
             continue
         seen.add(key(item))
         other = later.get(key(item))
-        out.append(FindingStatus(item.id, item.evidence.get("loader"), REMAINING if other else RESOLVED,
+        out.append(FindingStatus(item.id, item.evidence.get("loader"), REMAINING if other else gone,
                                  item.saving_s, other.saving_s if other else None, item.text,
                                  other.text if other else None))
     for item in b.assessment.recommendations:

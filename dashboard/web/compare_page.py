@@ -16,7 +16,7 @@ from ..display import duration_s
 from ..report import CLASS_WORDS, PART_WORDS, prediction_basis, saving_text, signed_duration
 from . import figures, views
 
-STATUS_WORDS = {"resolved": "resolved", "remaining": "remaining", "new": "new"}
+STATUS_WORDS = {"resolved": "resolved", "remaining": "remaining", "new": "new", "not_judged": "not judged"}
 
 
 def _percent(value) -> str:
