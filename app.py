@@ -95,6 +95,14 @@ def _scope_is_empty(args, result, path: str | None = None) -> bool:
     return True
 
 
+def _node(text: str) -> str:
+    """--node: a host or a process id; an empty one (an unset $HOST) is refused, not read as
+    the whole job."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("no host given")
+    return text
+
+
 def _outlier_factor(text: str) -> float:
     """--outlier-factor: a finite number above 1 (an outlier lies above that x the median; at 1
     or less every value at the median or above would be one, NaN or inf none)."""
@@ -233,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="print the DataLoader analysis of a trial")
     analyze.add_argument("trial", help="trial path: a local folder or s3://bucket/prefix")
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
-    analyze.add_argument("--node", help="only this host (e.g. algo-1), or one process by its id (e.g. 3-algo-1)")
+    analyze.add_argument("--node", type=_node, help="only this host (e.g. algo-1), or one process by its id (e.g. 3-algo-1)")
     analyze.add_argument("--rank", type=int, help="only this training rank")
     analyze.add_argument("--outlier-factor", type=_outlier_factor, default=2.0,
                          help="an outlier is a value above this x the median (default 2)")
@@ -258,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("a", help="the run before the change: a local folder or s3://bucket/prefix")
     compare.add_argument("b", help="the run after it")
     compare.add_argument("--json", action="store_true", help="print one JSON object")
-    compare.add_argument("--node", help="only this host, or one process by its id, in both runs")
+    compare.add_argument("--node", type=_node, help="only this host, or one process by its id, in both runs")
     compare.add_argument("--rank", type=int, help="only this training rank, in both runs")
     _add_limits(compare)
     export = sub.add_parser("export", help="write a window of a trial as a Chrome/Perfetto JSON trace")

@@ -30,6 +30,9 @@ PHASE_CREATED = "DataLoaderCreated"
 LEGACY_PHASE_WORKER_FETCH = "DataLoaderWorkerFetch"
 
 # Event kinds the analysis cares about; everything else is "other".
+# The iterator of a DataLoader of num_workers=0: its class alone says it has no workers.
+SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
+
 KIND_INIT = "init"
 KIND_GETNEXT = "getnext"
 KIND_WORKER = "worker"

@@ -274,3 +274,72 @@ def test_a_worker_count_no_dataloader_has_is_ignored_and_the_count_inferred(tmp_
     assert budget.loader.endswith("(num_workers=2)"), budget.loader
     assert budget.evidence["num_workers"] == 2
     assert "slow_samples" in [r.id for r in result.recommendations], result.recommendations
+
+
+def test_workers_beyond_an_iterators_batches_take_no_core_in_a_what_if():
+    # The sample's single-process loader runs iterators of 8 batches. Every worker of a what-if
+    # was counted as computing on the 2 cores: 256 workers predicted 199 s of training, 31x
+    # today's 6.3 s. At most 8 of them ever hold a batch, so 16, 64 or 256 give what 8 give.
+    result = dashboard.analyze(SAMPLE)
+    (single,) = [b for b in result.budget if b.loader.startswith(SP)]
+    batches = single.evidence["batches"] // single.evidence["iterators"]
+    assert batches == 8
+
+    def predicted(workers: int) -> float:
+        (found,) = [w for w in result.what_if({"num_workers": workers}) if w.loader == single.loader]
+        return found.predicted["training_s"]
+
+    at_batches = predicted(batches)
+    assert np.isfinite(at_batches)
+    assert predicted(16) == predicted(64) == predicted(256) == at_batches
+    assert at_batches < 2 * single.training_s  # (199 s of 6.3 s before)
+
+
+def test_a_single_process_iterator_without_its_init_has_no_workers(tmp_path):
+    # The inits rotated away (or a recording begun after iter()): its worker count came from
+    # worker ids, -1 for the main process, so "unknown"; its 5.8 s of loading in the main
+    # process went to "throughput", and the use_workers finding was gone.
+    import glob
+    import shutil
+
+    trial = str(tmp_path / "trial")
+    shutil.copytree(SAMPLE, trial)
+    for path in glob.glob(os.path.join(trial, "framework", "**", "*.json"), recursive=True):
+        with open(path) as handle:
+            events = [e for e in json.load(handle) if not str(e.get("name", "")).endswith("__init__")]
+        with open(path, "w") as handle:
+            json.dump(events, handle)
+    whole, cut = dashboard.analyze(SAMPLE), dashboard.analyze(trial)
+    assert not (cut.trial.framework["kind"] == fmt.KIND_INIT).any()
+    (single,) = [b for b in cut.budget if b.loader.startswith(SP)]
+    (before,) = [b for b in whole.budget if b.loader.startswith(SP)]
+    assert single.evidence["num_workers"] == 0 and single.loader == before.loader
+    assert single.parts == before.parts and single.parts["main_process"] > 0.9 * single.wait_s
+    assert "use_workers" in {r.id for r in cut.recommendations}
+
+
+def test_a_start_up_finding_quotes_its_own_loaders_initializations(tmp_path):
+    # Two loaders of one iterator class in a process (2 and 4 workers: train and validation):
+    # the 2-worker loader's persistent_workers finding quoted the median of both loaders' inits.
+    import glob
+    import shutil
+
+    trial = str(tmp_path / "trial")
+    shutil.copytree(SAMPLE, trial)
+    for path in glob.glob(os.path.join(trial, "framework", "**", "*.json"), recursive=True):
+        with open(path) as handle:
+            events = json.load(handle)
+        for event in events:  # the single-process loader made a 4-worker one of the other's class
+            if str(event.get("name", "")).startswith(SP):
+                event["name"] = event["name"].replace(SP, MP)
+                if "num_workers" in event.get("args", {}):
+                    event["args"]["num_workers"] = 4
+        with open(path, "w") as handle:
+            json.dump(events, handle)
+    result = dashboard.analyze(trial)
+    frame = result.trial.framework
+    inits = frame[(frame["kind"] == fmt.KIND_INIT).to_numpy()]
+    own = inits[(inits["num_workers"] == 2).to_numpy()]["duration_us"]
+    assert 0 < len(own) < len(inits) and float(own.median()) != float(inits["duration_us"].median())
+    (found,) = [r for r in result.recommendations if r.id == "persistent_workers" and r.evidence["num_workers"] == 2]
+    assert found.evidence["init_median_s"] == round(float(own.median()) / 1e6, 6)

@@ -86,6 +86,15 @@ def test_a_node_or_rank_the_trial_lacks_is_an_error_and_no_kept_answer(trial_dir
     assert done.returncode == 0 and json.loads(done.stdout)["nodes"] == ["algo-2"], done.stderr
 
 
+@pytest.mark.parametrize("command", ["analyze", "compare"])
+def test_an_empty_node_is_refused_not_read_as_the_whole_job(trial_dir, command):
+    # `--node "$HOST"` with HOST unset analyzed every host, exit 0, as if no --node were given.
+    folder, _ = trial_dir
+    done = run_app(command, folder, *([folder] if command == "compare" else []), "--node", " ")
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert "--node: no host given" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("factor", ["nan", "inf", "0", "-1", "1", "x"])
 def test_an_outlier_factor_that_flags_all_or_nothing_is_refused(trial_dir, factor):
     folder, _ = trial_dir

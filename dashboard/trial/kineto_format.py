@@ -96,7 +96,6 @@ LOADER_PREFIX = "enumerate(DataLoader)#"
 GETNEXT_PREFIXES = (LOADER_PREFIX, "enumerate(DataPipe)#")
 STEP_PREFIX = "ProfilerStep#"
 _KEPT_PREFIXES = GETNEXT_PREFIXES + (STEP_PREFIX,)
-SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
 
 SEED_DRAW = "aten::random_"  # what an iterator's __init__ records (see the module's docstring)
 
@@ -546,7 +545,7 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
             phase, step = fmt.PHASE_CREATED, _containing_step(steps, ts)
             worker_id = num_workers = None
         else:
-            single = SINGLE_PROCESS_ITER in name
+            single = fmt.SINGLE_PROCESS_ITER in name
             phase = fmt.PHASE_ITER
             step = _containing_step(steps, ts)
             worker_id, num_workers = (-1, 0) if single else (None, None)

@@ -77,6 +77,9 @@ class Loader:
     # Its segments whose iterator's creation the trial shows just before their first GetNext
     # (an initialization; Kineto's `created` events): their first batch is the iterator's first.
     seen_from_start: frozenset[int] = frozenset()
+    # When each initialization its iterators were matched to began: its own, not those of a loader
+    # of the same class with other settings (a train and a validation loader).
+    init_starts_us: frozenset[int] = frozenset()
 
     @property
     def name(self) -> str:
@@ -98,7 +101,7 @@ class Loader:
 
     @property
     def multi_process(self) -> bool:
-        return bool(self.num_workers) or (self.num_workers is None and "SingleProcess" not in self.cls)
+        return bool(self.num_workers) or (self.num_workers is None and fmt.SINGLE_PROCESS_ITER not in self.cls)
 
     @cached_property
     def segments(self) -> int:
@@ -431,6 +434,10 @@ def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
     ids = matched["max_worker"].astype("Float64")
     # No init: the GetNexts' own count, else at least as many workers as the ids name.
     workers = workers.fillna(seen).fillna(_plausible(ids + 1, 1, MAX_RECORDED_WORKERS))
+    # A single-process iterator has none, recorded or not (its init rotated away, or a
+    # recording begun after iter()): its loading is the main process's, not "unknown".
+    single = matched["cls"].astype(str).str.contains(fmt.SINGLE_PROCESS_ITER, regex=False).to_numpy()
+    workers = workers.mask(workers.isna() & single, 0)
     matched["workers"] = workers
     matched["has_init"] = matched["init_start_us"].notna()
     return matched
@@ -471,7 +478,8 @@ def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: n
             persistent_recorded=recorded is not None, prefetch_factor=prefetch,
             in_order=True if in_order is None else in_order,
             calls=group.drop(columns=_FINDING_ONLY),
-            seen_from_start=seen_from_start & frozenset(mine["segment"].tolist())))
+            seen_from_start=seen_from_start & frozenset(mine["segment"].tolist()),
+            init_starts_us=frozenset(int(at) for at in mine["init_start_us"].dropna().tolist())))
     out.sort(key=lambda loader: -loader.wait_us)
     return out
 

@@ -33,7 +33,8 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
         return []
     model = ctx.model
     inits = ctx.process.inits
-    mine = inits[(inits["pid"] == loader.pid) & (inits["cls"] == loader.cls)]
+    mine = inits[((inits["pid"] == loader.pid) & (inits["cls"] == loader.cls)
+                  & inits["start_us"].isin(loader.init_starts_us)).to_numpy()]
     init_s = float(mine["duration_us"].median()) / 1e6 if len(mine) else None
     recreated = loader.persistent is False and loader.segments >= 2
     calls = loader.calls
