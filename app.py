@@ -104,15 +104,13 @@ def _node(text: str) -> str:
 
 
 def _outlier_factor(text: str) -> float:
-    """--outlier-factor: a finite number above 1 (an outlier lies above that x the median; at 1
-    or less every value at the median or above would be one, NaN or inf none)."""
+    """--outlier-factor: a finite number above 1 (dataloader.checked_outlier_factor)."""
+    from dashboard.analysis.dataloader import checked_outlier_factor
+
     try:
-        value = float(text)
+        return checked_outlier_factor(float(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 1, not {text}")
-    return value
+        raise argparse.ArgumentTypeError(f"must be a finite number above 1, not {text}") from None
 
 
 def _analyze_options(args, what_if: list[dict], whole_job: bool) -> dict:

@@ -106,6 +106,7 @@ def analyze(trial: Trial | str, *, node: str | None = None, rank: int | None = N
     events=False: the panels' frames of every event (`getnext.events`, `batchtime.batches`, ...)
     come back empty, with their columns, for a caller that reads only their numbers and
     outliers (`app.py analyze`: 3M GetNexts' copies were 400 MB of its peak)."""
+    outlier_factor = dataloader.checked_outlier_factor(outlier_factor)
     if isinstance(trial, str):
         trial = load_trial(trial, **load_options)
     part = trial.for_node(node, rank)

@@ -295,3 +295,23 @@ def test_the_panels_without_their_events_have_the_same_numbers_and_outliers(case
         assert whole.getnext.count == 0 and whole.getnext.outliers.empty and whole.batchtime.count == 0
     else:
         assert len(whole.getnext.outliers) and len(whole.batchtime.outliers), case
+
+
+@pytest.mark.parametrize("factor", [0, -1, 1, float("nan"), float("inf"), "3", True, None])
+def test_the_api_refuses_an_outlier_factor_the_command_line_refuses(factor):
+    # The command line checked it; the API took NaN, 0 or -1 silently (no outlier, or every value
+    # one), and a string failed deep inside with a TypeError.
+    with pytest.raises(ValueError, match="outlier factor must be a finite number above 1"):
+        dashboard.analyze(_sample(), outlier_factor=factor)
+
+
+def test_the_api_takes_any_real_outlier_factor_above_1():
+    assert dashboard.analyze(_sample(), outlier_factor=np.int64(3)).dataloader.outlier_factor == 3.0
+
+
+def _sample() -> str:
+    import os
+
+    from tests.conftest import ROOT
+
+    return os.path.join(ROOT, "examples", "sample-trial", "trial")

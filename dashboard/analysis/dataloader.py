@@ -6,6 +6,9 @@ reference's rule, factor 2 by default).
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,6 +23,15 @@ from .. import format as fmt
 from ..trial.frames import take_column, take_rows
 
 DEFAULT_OUTLIER_FACTOR = 2.0
+
+
+def checked_outlier_factor(value) -> float:
+    """An outlier factor: a finite number above 1 (an outlier lies above that x the median; at
+    1 or less every value at the median or above would be one, NaN or inf none); ValueError
+    otherwise, saying so."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 1:
+        raise ValueError(f"the outlier factor must be a finite number above 1, not {value!r}")
+    return float(value)
 # Event and metric filters are short names; a huge pattern only costs the server time.
 MAX_PATTERN_CHARS = 1000
 # RE2's reasons for refusing lookaround ("(?=", "(?<!"), backreferences ("\1") and atomic or
