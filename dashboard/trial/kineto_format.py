@@ -185,6 +185,8 @@ def _object_at(buf: bytes, start: int, after: int):
 
 # Braces tried by a parse each before the object's end is found by its structure.
 _BRACES_TRIED = 8
+
+
 def _event_around(buf: bytes, name_at: int, after: int):
     """(object, end) of the innermost JSON object around the name at buf[name_at] that runs
     past `after` (the name's end), as _object_at returns them.
