@@ -75,7 +75,7 @@ import pyarrow as pa
 from .. import format as fmt
 from .frames import FRAMEWORK_ARROW_SCHEMA
 from .smdebug_format import (_MAX_US, _MAX_YEAR, MAX_EVENT_BEFORE_FILE_US, ParsedFile, _as_number, _read_as,
-                             gunzip_pieces, noted_ignored, place_in_time, structural_end)
+                             gunzip_pieces, noted_ignored, place_in_time, stream_problem, structural_end)
 
 KINETO_FILE_RE = re.compile(r"\.pt\.trace\.json(?:\.gz)?$")
 # Any other JSON file may be a trace too (`prof.export_chrome_trace("trace.json")`, HTA's
@@ -228,7 +228,7 @@ class _Scanner:
         self.bad = 0  # candidate events that are not valid events
         self.head = b""
         self.tail = b""
-        self.stream_error: str | None = None  # the gzip stream broke off
+        self.stream_error: str | None = None  # the gzip stream broke off: what the file says of it
         # The fields of an event (by its id: the event itself is kept, or not, further on) whose
         # values were ignored: not of their type (_read_as).
         self.ignored_of: dict[int, list[str]] = {}
@@ -307,7 +307,7 @@ def _scan(pieces: Iterable[bytes], gz: bool, on_decoded: Callable[[bytes], None]
         try:
             following = next(chunks, None)
         except (EOFError, zlib.error) as exc:
-            following, scanner.stream_error = None, str(exc)
+            following, scanner.stream_error = None, stream_problem(exc)
         final = following is None
         if len(scanner.head) < _EDGE_BYTES:
             scanner.head += pending[:_EDGE_BYTES - len(scanner.head)]
@@ -501,7 +501,7 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
         problems.append(f"{scanner.bad} DataLoader/step event(s) are not valid events")
     if scanner.stream_error:
         skipped += 1
-        problems.append(f"the gzip stream breaks off ({scanner.stream_error}): events after it are lost")
+        problems.append(scanner.stream_error)
     elif not _ends_whole(scanner.tail):
         skipped += 1
         problems.append("the trace ends early (truncated?): events after the last complete one are lost")
@@ -553,7 +553,9 @@ def parse_kineto_pieces(pieces: Iterable[bytes], key: str,
             worker_id, num_workers = (-1, 0) if single else (None, None)
         columns["process"].append(process)
         columns["rank"].append(rank)
-        columns["pid"].append(pid)
+        # A trace records one process: an event whose pid is not a number (ignored, counted) is
+        # that process's, not a loader of its own (a second budget, a batch time lost).
+        columns["pid"].append(main_pid if pid is None else pid)
         columns["phase"].append(phase)
         columns["name"].append(name)
         columns["start_us"].append(start_us)

@@ -223,7 +223,7 @@ def gunzip_pieces(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
                     out = inflater.decompress(pending, chunk_bytes)
                 except zlib.error as exc:
                     if members and not started and bytes(pending[:2]) != b"\x1f\x8b":
-                        raise BytesAfterTheStream(f"followed by bytes that are not gzip: {exc}") from None
+                        raise BytesAfterTheStream(str(exc)) from None
                     raise
                 started = True
                 if out:
@@ -244,9 +244,16 @@ class BytesAfterTheStream(zlib.error):
     garbage): what the members gave is whole and checked, as a stream cut short's is."""
 
 
+def stream_problem(exc: Exception) -> str:
+    """What a file says of its gzip stream's early end (gunzip_pieces' EOFError or zlib.error)."""
+    if isinstance(exc, BytesAfterTheStream):
+        return f"bytes after the gzip stream are not gzip ({exc}): skipped"
+    return f"the gzip stream breaks off ({exc}): events after it are lost"
+
+
 def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[bytes, str | None]:
-    """The file's bytes, gunzipped when the key ends with .gz, and why they end early (None:
-    they are whole).
+    """The file's bytes, gunzipped when the key ends with .gz, and what ends them early
+    (stream_problem; None: they are whole).
 
     A gzip file cut short (a copy or an upload broken off, a full disk) gives the bytes before
     the cut, as a Kineto trace's does: they are valid, and the parse counts the line the cut
@@ -269,12 +276,12 @@ def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[byte
         # follow the stream and are not gzip: only such a file pays for that. Anything else
         # gzip refused (not gzip at all, a CRC that fails) is refused as it said.
         try:
-            out, why = _before_the_break(key, data, max_size)
+            out, after = _before_the_break(key, data, max_size)
         except zlib.error:
             raise exc from None
-        if not out or (why is None and not isinstance(exc, EOFError)):
+        if not out or (after is None and not isinstance(exc, EOFError)):
             raise
-        return out, why or str(exc)
+        return out, stream_problem(after or exc)
     if len(out) > max_size:
         raise _too_large(key, max_size)
     return out, None
@@ -283,10 +290,10 @@ def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[byte
 _GUNZIP_CHUNK_BYTES = 8 << 20
 
 
-def _before_the_break(key: str, data: bytes, max_size: int | None) -> tuple[bytes, str | None]:
+def _before_the_break(key: str, data: bytes, max_size: int | None) -> tuple[bytes, BytesAfterTheStream | None]:
     """The bytes that gzip data cut short, or followed by bytes that are not gzip, decompresses
-    to; and why they end there (None: the stream ends whole, as when it is only cut short)."""
-    chunks, size, why = [], 0, None
+    to; and those bytes' error (None: the stream ends whole, as when it is only cut short)."""
+    chunks, size, after = [], 0, None
     try:
         for chunk in gunzip_pieces([data], _GUNZIP_CHUNK_BYTES):
             size += len(chunk)
@@ -296,17 +303,17 @@ def _before_the_break(key: str, data: bytes, max_size: int | None) -> tuple[byte
     except EOFError:
         pass
     except BytesAfterTheStream as exc:
-        why = str(exc)
-    return b"".join(chunks), why
+        after = exc
+    return b"".join(chunks), after
 
 
 def _too_large(key: str, max_size: int) -> TrialTooLargeError:
     return TrialTooLargeError(f"{key}: decompresses to more than the limit of {size_text(max_size)}")
 
 
-def broken_off(parsed: ParsedFile, data: bytes, why: str) -> ParsedFile:
-    """The parse of a file whose gzip stream broke off (decompress's why), the break counted as
-    one skipped line and said. That line is the one the break cut, which the parse counted
+def broken_off(parsed: ParsedFile, data: bytes, problem: str) -> ParsedFile:
+    """The parse of a file whose gzip stream broke off, or is followed by bytes that are not gzip
+    (decompress's problem), the break counted as one skipped line and said. That line is the one the break cut, which the parse counted
     already where it is left broken; a break between lines, or just after an event (which the
     parse kept), is counted here."""
     last = data[data.rfind(b"\n") + 1:].strip().strip(b"[],").strip()
@@ -314,7 +321,6 @@ def broken_off(parsed: ParsedFile, data: bytes, why: str) -> ParsedFile:
         counted = bool(last) and not isinstance(orjson.loads(last), dict)
     except orjson.JSONDecodeError:
         counted = True
-    problem = f"the gzip stream breaks off ({why}): events after it are lost"
     return dataclasses.replace(parsed, lines_skipped=parsed.lines_skipped + (not counted),
                                problems=[*parsed.problems, problem])
 
