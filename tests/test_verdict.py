@@ -458,3 +458,22 @@ def test_no_getnext_means_no_verdict(tmp_path):
     data = to_dict(result)
     assert data["verdict"] == {"input_percent": None, "class": None, "basis": result.verdict.basis,
                                "getnext_s": None, "training_s": None}
+
+
+def test_a_mixed_trials_verdict_says_which_processes_steps_count(tmp_path):
+    # Reference files with steps beside a torch.profiler trace without: the whole job's basis
+    # said "no step events", though one process's steps decided its training time.
+    import os
+    import shutil
+
+    from dashboard.synthetic import write_trial
+    from tests.conftest import ROOT
+
+    folder = str(tmp_path / "mixed")
+    write_trial(folder, epochs=1, train_batches=10, val_batches=2)
+    shutil.copy(os.path.join(ROOT, "tests", "recordings", "mildly_slow_worker", "run.pt.trace.json.gz"), folder)
+    result = dashboard.analyze(folder, assess=True)
+    assert len(result.processes_verdict) == 2
+    basis = result.verdict.basis
+    assert "no step events" not in basis, basis
+    assert "training steps on the 1 process(es)" in basis and "on the other 1" in basis, basis

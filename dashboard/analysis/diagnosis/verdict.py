@@ -45,9 +45,16 @@ def _estimated(processes: list[ProcessTraining]) -> str:
 
 def _basis(processes: list[ProcessTraining]) -> str:
     iterators = sum(len(n.training_segments) for n in processes)
-    if all(n.steps_matched for n in processes):
+    stepped = [n for n in processes if n.steps_matched]
+    if len(stepped) == len(processes):
         how = (f"over the training steps fed by {iterators} training iterator(s), each step counted "
                f"whole; evaluation iterators told apart by the steps they fed")
+    elif stepped:  # a job of processes that record steps and of others that do not (a mixed trial)
+        rest = [n for n in processes if not n.steps_matched]
+        how = (f"over the training steps on the {len(stepped)} process(es) whose steps the iterators fed; on the "
+               f"other {len(rest)}, from the first GetNext of each iterator to the end of its last batch's "
+               f"compute{_estimated(rest)}, every iterator counting as training; {iterators} training "
+               f"iterator(s) in all")
     elif any(n.has_steps and not n.steps_matched for n in processes):
         how = (f"from the first GetNext of each of {iterators} iterator(s) to the end of its last batch's "
                f"compute{_estimated(processes)}; no iterator fed the training steps, so every iterator counts")
