@@ -83,6 +83,14 @@ def inspect_torch() -> Capabilities:
     return caps
 
 
+# One count of iterator ids for the process, not one per Collector: a collector started again
+# (stop() then start(), into the same trial or another) gave its first iterator id 1 again, so
+# two iterators' GetNexts joined as one, one's epoch end closed the other's epoch (an unrecorded
+# epoch counted as training), and an iterator that lived across the restart kept a label (_dlp)
+# the new session gave another iterator.
+_ITERATOR_IDS = itertools.count(1)
+
+
 class Hooks:
     """Installs and removes the hooks for one Collector."""
 
@@ -90,7 +98,7 @@ class Hooks:
         self.collector = collector
         self.caps = capabilities
         self._installed: list[tuple[type, str, object, object]] = []  # (cls, name, original, wrapper)
-        self._ids = itertools.count(1)
+        self._ids = _ITERATOR_IDS
         self._loader_ids = weakref.WeakKeyDictionary()
         self._next_loader_id = itertools.count(1)
         self._spawn_lock = threading.RLock()
