@@ -136,17 +136,17 @@ def to_dict(result: TrialAnalysis, what_if: list[dict] | tuple = ()) -> dict:
         "workers": {
             "count": None if unknown else workers.count, "median_us": _num(workers.median_us),
             "max_us": _num(workers.max_us),
-            "outliers": _records(workers.outliers, {**duration, "worker_id": ("worker_id", _int), **where}),
+            "outliers": _records(workers.outliers, {**duration, "worker_id": ("worker_id", _int_or_none), **where}),
         },
         "getnext": {
             "count": getnext.count, "median_us": _num(getnext.median_us), "max_us": _num(getnext.max_us),
-            "outliers": _records(getnext.outliers, {**duration, "worker_id": ("worker_id", _int), **where}),
+            "outliers": _records(getnext.outliers, {**duration, "worker_id": ("worker_id", _int_or_none), **where}),
         },
         "batchtime": {
             "count": batch.count, "median_s": _num(batch.median_s),
             "outliers": _records(batch.outliers, {
                 "start_us": ("start_us", int), "end_us": ("end_us", int),
-                "batch_time_s": ("batch_time_s", float), **where, "worker_id": ("worker_id", _int)}),
+                "batch_time_s": ("batch_time_s", float), **where, "worker_id": ("worker_id", _int_or_none)}),
         },
     }
 
@@ -361,6 +361,7 @@ def signed_duration(delta: float | None, before: float | None = None) -> str:
 
 def compare_text(a: TrialAnalysis, b: TrialAnalysis, comparison=None) -> str:
     """The readable form of `compare`: B against A, then each run's summary."""
+    from .analysis.compare import STATUS_WORDS
     if comparison is None:
         from .api import compare
 
@@ -397,7 +398,7 @@ def compare_text(a: TrialAnalysis, b: TrialAnalysis, comparison=None) -> str:
     for item in data["findings"]:
         savings = ", ".join(f"{saving_text(value)} in {run}" for run, value in
                             (("A", item["saving_s_a"]), ("B", item["saving_s_b"])) if value is not None)
-        lines.append(f"  {item['status']:<10} ({item['id']})" + (f" [{savings}]" if savings else ""))
+        lines.append(f"  {STATUS_WORDS[item['status']]:<10} ({item['id']})" + (f" [{savings}]" if savings else ""))
     lines.append("")
     predicted, achieved = data["predicted"], data["achieved"]
     if predicted is None:
