@@ -20,6 +20,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 
 import dashboard
 from dashboard import display, synthetic
+from dashboard.web import views
 from dashboard.web.server import SAMPLE_TRIAL, ServerOptions, create_app
 from tests.conftest import ROOT, free_port, upload_folder
 from test_web_units import costly_starts, record_kineto_trace, shown_text, training_percent, with_margin
@@ -274,6 +275,41 @@ def test_dragging_on_the_overview_sets_the_window_and_the_overview_stays_the_who
     drag_and_check(0.55, 10, 4)
     dash_duo.find_element("#window-whole-job").click()  # the button: the whole job
     wait_until(lambda: window_range(dash_duo) == whole, message="the whole job")
+
+
+WINDOW_DRAG_LAYER = "#window-graph .draglayer > .xy > .nsewdrag"
+
+
+def test_a_drag_narrower_than_the_axis_resolution_sets_the_narrowest_window_the_detail_shows(dash_duo, tmp_path):
+    # Plotly sends a date axis's range to 0.1 ms: a drag narrower than that came back empty, the
+    # server kept the window, and plotly widened its own axis to 2 s: the detail showed 2 s of a
+    # job while the window, the URL and the band still named the window. The next drag then
+    # zoomed from that wrong axis.
+    written = write(tmp_path / "trial")
+    start(dash_duo, tmp_path, tmp_path / "trial")
+    wait_loaded(dash_duo, len(written.of_kind("getnext")))
+    driver = dash_duo.driver
+    wait_until(lambda: graph_points(driver, "window-graph") > 0, message="the detail timeline")
+    scroll_to(driver, dash_duo.find_element(WINDOW_DRAG_LAYER))
+    widths = []
+    for _ in range(3):  # each 15 px of the last: the job, a few ms, a few tenths of a ms, then less than 0.1 ms
+        before = window_range(dash_duo)
+        axis = axis_ms(driver, "window-graph")
+        drag(driver, dash_duo.find_element(WINDOW_DRAG_LAYER), round(axis["length"] * 0.5), 15, 1)
+        wait_until(lambda: window_range(dash_duo) != before, message="a new window")
+        lo, hi = window_range(dash_duo)
+        widths.append(hi - lo)
+        # The detail timeline spans the window it names.
+        wait_until(lambda: abs(axis_ms(driver, "window-graph")["r0"] * 1000 - lo) <= PLOTLY_DATE_US,
+                   message="window-graph range")
+        assert axis_ms(driver, "window-graph")["r1"] * 1000 == pytest.approx(hi, abs=PLOTLY_DATE_US)
+    assert widths[1] >= views.MIN_DRAG_WINDOW_US and widths[2] == views.MIN_DRAG_WINDOW_US, widths
+    time.sleep(1)  # (a late relayout of plotly's own must not move the axis off the window again)
+    lo, hi = window_range(dash_duo)
+    axis = axis_ms(driver, "window-graph")
+    assert axis["r0"] * 1000 == pytest.approx(lo, abs=PLOTLY_DATE_US)
+    assert axis["r1"] * 1000 == pytest.approx(hi, abs=PLOTLY_DATE_US)
+    assert_no_traceback(dash_duo)
 
 
 def test_clicking_an_outlier_row_moves_the_window_to_it(dash_duo, tmp_path):

@@ -513,7 +513,7 @@ def register_callbacks(app, context: Context) -> None:
             return no_update
         span = (int(store["start_us"]), int(store["end_us"]))
         trigger = ctx.triggered_id
-        chosen = None
+        chosen, widened = None, False
         # The outlier a user chose stays marked, whatever the window, until another is chosen.
         selected = current.get("selected") if current and current.get("key") == store["key"] else None
         try:
@@ -531,7 +531,10 @@ def register_callbacks(app, context: Context) -> None:
                 chosen = span  # a double-click on the overview (a box select's "deselect"): the whole job
             elif trigger in (Ids.OVERVIEW, Ids.WINDOW_GRAPH):
                 found = views.relayout_range(overview_relayout if trigger == Ids.OVERVIEW else window_relayout)
-                chosen = span if found == "full" else found  # a double-click: the whole job
+                if found == "full":  # a double-click: the whole job
+                    chosen = span
+                elif found is not None:
+                    chosen, widened = views.drag_window(found)
             elif trigger == Ids.WHOLE_JOB:
                 chosen = span
             elif trigger in OUTLIER_TABLES:
@@ -556,7 +559,9 @@ def register_callbacks(app, context: Context) -> None:
         start, end = int(chosen[0]), int(chosen[1])
         if (current and current.get("key") == store["key"] and (current["start_us"], current["end_us"]) == (start, end)
                 and current.get("selected") == selected):
-            return no_update
+            # A drag widened to this very window: plotly has zoomed its axis to its own range
+            # meanwhile, so the window is drawn again (a new value of the store), not left unsaid.
+            return {**current, "drawn": time.time_ns()} if widened else no_update
         return {"key": store["key"], "path": store["path"], "start_us": start, "end_us": end,
                 "start": views.iso_utc(start), "end": views.iso_utc(end), "selected": selected}
 

@@ -183,6 +183,21 @@ def selection_cleared(triggered: list, graph_id: str, selected_data) -> bool:
     return f"{graph_id}.selectedData" in props and f"{graph_id}.relayoutData" not in props and not selected_data
 
 
+# The narrowest window a drag sets: plotly sends a date axis's range to 0.1 ms, so a drag
+# narrower than that comes back as an empty range, which plotly itself widens to 2 s.
+MIN_DRAG_WINDOW_US = 100
+
+
+def drag_window(found: tuple[int, int]) -> tuple[tuple[int, int], bool]:
+    """The window a drag's range sets, and whether it was widened: one narrower than
+    MIN_DRAG_WINDOW_US becomes the MIN_DRAG_WINDOW_US around its middle."""
+    lo, hi = found
+    if hi - lo >= MIN_DRAG_WINDOW_US:
+        return found, False
+    middle = (lo + hi) // 2
+    return (middle - MIN_DRAG_WINDOW_US // 2, middle + MIN_DRAG_WINDOW_US // 2), True
+
+
 def outlier_window(start_us: int, end_us: int) -> tuple[int, int]:
     margin = max(int((end_us - start_us) * OUTLIER_MARGIN), MIN_MARGIN_US)
     return start_us - margin, end_us + margin
