@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .analysis import diagnosis, per_rank
-from .analysis.dataloader import DEFAULT_OUTLIER_FACTOR
+from .analysis.dataloader import DEFAULT_OUTLIER_FACTOR, checked_outlier_factor
 from .api import TrialAnalysis
 from .trial.errors import TrialError, TrialTooLargeError, size_text
 from .trial import frames
@@ -182,6 +182,7 @@ def analyze_by_rank(path: str, *, client=None, processes: int | None = None,
     columnar cache folder every task reads and writes (visible to the workers at that path);
     store and files: the trial's store and its listing, when the caller listed it (else it is
     opened and listed here; the report's skipped files are those of the store's last listing)."""
+    outlier_factor = checked_outlier_factor(outlier_factor)
     store = open_store(path, roots=roots, s3_buckets=s3_buckets) if store is None else store
     files = store.list() if files is None else files
     if max_files is not None and len(files) > max_files:

@@ -301,8 +301,12 @@ def test_the_panels_without_their_events_have_the_same_numbers_and_outliers(case
 def test_the_api_refuses_an_outlier_factor_the_command_line_refuses(factor):
     # The command line checked it; the API took NaN, 0 or -1 silently (no outlier, or every value
     # one), and a string failed deep inside with a TypeError.
+    from dashboard.by_rank import analyze_by_rank
+
     with pytest.raises(ValueError, match="outlier factor must be a finite number above 1"):
         dashboard.analyze(_sample(), outlier_factor=factor)
+    with pytest.raises(ValueError, match="outlier factor must be a finite number above 1"):
+        analyze_by_rank(_sample(), outlier_factor=factor)
 
 
 def test_the_api_takes_any_real_outlier_factor_above_1():

@@ -154,7 +154,7 @@ def test_findings_are_not_judged_by_a_run_that_recorded_no_loader(tmp_path):
     assert [f.status for f in comparison.findings] == [NOT_JUDGED] * len(a.recommendations)
     data = compare_dict(a, b, comparison)
     assert {f["status"] for f in data["findings"]} == {"not_judged"}
-    assert "  not_judged (" in compare_text(a, b, comparison)
+    assert "  not judged (" in compare_text(a, b, comparison)  # as the page words it
     # B of a run with its loaders: A's findings B lacks are resolved, as before.
     fixed = compare(a, dashboard.analyze(sample))
     assert RESOLVED not in {f.status for f in fixed.findings}  # (the same run: all remaining)

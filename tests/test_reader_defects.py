@@ -446,7 +446,8 @@ def _loaded_getnexts(folder: str):
     return int(fw["name"].astype(str).str.endswith("::GetNext").sum()), trial.report
 
 
-@pytest.mark.parametrize("form", ["object", "bom", "bom-one-line", "gzip-named-json", "gzip-then-bytes"])
+@pytest.mark.parametrize("form", ["object", "bom", "bom-one-line", "gzip-named-json", "gzip-then-bytes",
+                                  "gzip-then-newline", "gzip-then-a-broken-member"])
 def test_a_framework_file_in_another_layout_keeps_every_event(tmp_path, form):
     # Chrome's {"traceEvents": [...]} was read as one event of no phase (every event lost, none
     # reported); a BOM cost a line, or on one line the file; gzip under a .json name was read as
@@ -457,16 +458,18 @@ def test_a_framework_file_in_another_layout_keeps_every_event(tmp_path, form):
     text = {"object": '{"traceEvents": [\n' + ",\n".join(lines) + '\n], "displayTimeUnit": "ms"}\n',
             "bom": "\ufeff[\n" + ",\n".join(lines) + "\n]\n",
             "bom-one-line": "\ufeff" + json.dumps(events),
-            "gzip-named-json": None, "gzip-then-bytes": None}[form]
+            "gzip-named-json": None}.get(form)
     array = ("[\n" + ",\n".join(lines) + "\n]\n").encode()
-    data = text.encode() if text is not None else gzip.compress(array) + (b"trailing bytes\n" if form == "gzip-then-bytes" else b"")
+    after = {"gzip-then-bytes": b"trailing bytes\n", "gzip-then-newline": b"\n",  # (echo >> file)
+             "gzip-then-a-broken-member": b"\x1f\x8b\x63 a member whose method is no deflate"}.get(form, b"")
+    data = text.encode() if text is not None else gzip.compress(array) + after
     os.remove(framework)
-    with open(framework + (".gz" if form == "gzip-then-bytes" else ""), "wb") as handle:
+    with open(framework + (".gz" if after else ""), "wb") as handle:
         handle.write(data)
     count, report = _loaded_getnexts(folder)
     assert count == whole and _getnexts(events) > 0, (count, whole)
     assert not report.files_skipped
-    if form == "gzip-then-bytes":  # said: the bytes that follow, as one skipped line
+    if after:  # said: the bytes that follow, as one skipped line
         [said] = report.files_with_skipped_lines
         assert report.lines_skipped == 1 and "bytes after the gzip stream are not gzip" in said.reason, said
         assert "breaks off" not in said.reason and "lost" not in said.reason, said
@@ -633,3 +636,28 @@ def test_a_trace_event_whose_pid_is_a_word_stays_its_processes_loader(recording,
     assert word.batchtime.count == clean.batchtime.count
     assert word.trial.processes == clean.trial.processes
     assert set(word.trial.framework["pid"].dropna().astype(int)) == set(clean.trial.framework["pid"].dropna().astype(int))
+
+
+def test_a_trace_event_broken_after_braces_in_its_string_is_skipped_alone(recording):
+    # Found by its braces, an event broken after 8 of them (a stray quote) looked open to the
+    # buffer's end: taken for one cut by the end, the final chunk's scan stopped there and lost
+    # the 5 GetNexts after it, unsaid.
+    doc = json.loads(recording["raw"])
+    calls = sorted((e for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith(LOADER)),
+                   key=lambda e: e["ts"])
+    calls[19].setdefault("args", {})["note"] = "MARK"
+    text = json.dumps(doc).replace('"MARK"', '"}}}}}}}}}}"oops"')
+    parsed = parse_kineto_file(text.encode(), "run.pt.trace.json")
+    clean = getnext_starts(parse_kineto_file(recording["raw"], "run.pt.trace.json").table)
+    assert len(getnext_starts(parsed.table)) == len(clean) - 1
+    assert parsed.lines_skipped == 1 and any("not valid events" in p for p in parsed.problems), parsed.problems
+
+
+def test_a_trace_gzip_followed_by_a_newline_keeps_its_events_and_says_so(recording, tmp_path):
+    # One byte after the stream (echo >> trace.json.gz) was said as a stream that breaks off,
+    # "events after it are lost", where no event followed.
+    (tmp_path / "run.pt.trace.json.gz").write_bytes(recording["packed"] + b"\n")
+    trial = load_trial(str(tmp_path))
+    assert int((trial.framework["kind"] == fmt.KIND_GETNEXT).sum()) == len(recording["calls"])
+    [said] = trial.report.files_with_skipped_lines
+    assert "bytes after the gzip stream are not gzip" in said.reason and "lost" not in said.reason, said

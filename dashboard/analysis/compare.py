@@ -38,6 +38,7 @@ RESOLVED, REMAINING, NEW = "resolved", "remaining", "new"
 # A's finding where B trained no loader the diagnosis could assess (no GetNext recorded, system
 # metrics alone): B says nothing of it, which is not its fix.
 NOT_JUDGED = "not_judged"
+STATUS_WORDS = {RESOLVED: "resolved", REMAINING: "remaining", NEW: "new", NOT_JUDGED: "not judged"}
 SLOW_WORKER = "slow_worker"  # the finding whose fix, the worker made as fast as the others, A predicts
 # A budget's loader label is '<iterator class> (num_workers=...)' (diagnosis.loaders.Loader.label).
 

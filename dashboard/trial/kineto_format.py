@@ -171,9 +171,19 @@ def _object_at(buf: bytes, start: int, after: int):
     # Braces in its strings (a path, a repr): the object's own close found by its structure, so
     # no event costs more than a parse or two however many braces its strings hold (one parse
     # per brace made a 1.2 MB trace of 60 KB strings of "}" take half a minute).
-    end = structural_end(buf, start, start + _MAX_EVENT_BYTES + 1)
+    end = structural_end(buf, start, start + _MAX_EVENT_BYTES + 1, _MAX_EVENT_TOKENS)
     if end is None:
-        return (None, None) if len(buf) <= start + _MAX_EVENT_BYTES else (None, after)
+        if len(buf) > start + _MAX_EVENT_BYTES:
+            return None, after  # larger than any of ours
+        # Open at the buffer's end: cut by it (more bytes may end it), or broken before it (a
+        # stray quote leaves its braces open to the end; taken for cut, the final chunk's scan
+        # stopped there and lost every event after it, unsaid). At most 64 KB parsed to tell.
+        try:
+            orjson.loads(buf[start:])
+        except orjson.JSONDecodeError as exc:
+            if exc.doc and exc.pos >= len(exc.doc):
+                return None, None
+        return None, after
     if end <= after:
         return None, after
     try:
@@ -183,8 +193,10 @@ def _object_at(buf: bytes, start: int, after: int):
     return (obj if isinstance(obj, dict) else None), end
 
 
-# Braces tried by a parse each before the object's end is found by its structure.
+# Braces tried by a parse each before the object's end is found by its structure; the braces and
+# strings read so at most (an event of ours has tens).
 _BRACES_TRIED = 8
+_MAX_EVENT_TOKENS = 4096
 
 
 def _event_around(buf: bytes, name_at: int, after: int):
@@ -197,13 +209,20 @@ def _event_around(buf: bytes, name_at: int, after: int):
     back to the "{" that begins an object holding the name, _MAX_EVENT_BYTES back at most.
     """
     start, floor = name_at, max(0, name_at - _MAX_EVENT_BYTES)
-    while True:
+    for _ in range(_STARTS_TRIED):
         start = buf.rfind(b"{", floor, start)
         if start < 0:
             return None, after
         obj, end = _object_at(buf, start, after)
         if obj is not None or end is None:
             return obj, end
+    return None, after  # no event of ours holds that many objects before its name
+
+
+# Starts ("{") tried back from a name: an event's own is the first (Kineto's key order), or the
+# first after the objects its arguments hold (sorted keys). Every "{" of 64 KB tried, each read
+# by its braces, made a made-up trace of 100 KB take 30 s.
+_STARTS_TRIED = 32
 
 
 def _as_thread(value):

@@ -213,30 +213,40 @@ def gunzip_pieces(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
     piece where the corruption shows)."""
     step = max(1, chunk_bytes // 8)
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    members, started = 0, False  # members ended (each checked against its CRC); this one begun
+    # Members ended (each checked against its CRC), the first two bytes after the last (a
+    # member's magic, or bytes after the stream that begin none: BytesAfterTheStream), and
+    # whether the member after them gave anything yet (then unchecked: its error is corruption).
+    members, after, gave = 0, b"", False
     for piece in pieces:
         view = memoryview(piece)
         for pos in range(0, len(view), step):
             pending = view[pos:pos + step]
             while pending:
+                if members and len(after) < 2:
+                    after += bytes(pending[:2 - len(after)])
                 try:
                     out = inflater.decompress(pending, chunk_bytes)
                 except zlib.error as exc:
-                    if members and not started and bytes(pending[:2]) != b"\x1f\x8b":
+                    if members and not gave:  # what the members before gave is whole, and checked
                         raise BytesAfterTheStream(str(exc)) from None
                     raise
-                started = True
                 if out:
+                    gave = True
                     yield out
                 if inflater.eof:  # a member ends; another may follow
-                    members, started = members + 1, False
+                    members, after, gave = members + 1, b"", False
                     pending = inflater.unused_data
                     if pending:
                         inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
                 else:
                     pending = inflater.unconsumed_tail
     if not inflater.eof:
-        raise EOFError("compressed file ended before the end-of-stream marker was reached")
+        if members and not _GZIP_MAGIC.startswith(after):  # (a lone newline after the stream too)
+            raise BytesAfterTheStream(f"{len(after)}+ byte(s) that begin no gzip member")
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class BytesAfterTheStream(zlib.error):
@@ -276,12 +286,12 @@ def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[byte
         # follow the stream and are not gzip: only such a file pays for that. Anything else
         # gzip refused (not gzip at all, a CRC that fails) is refused as it said.
         try:
-            out, after = _before_the_break(key, data, max_size)
+            out, ended = _before_the_break(key, data, max_size)
         except zlib.error:
             raise exc from None
-        if not out or (after is None and not isinstance(exc, EOFError)):
+        if not out or ended is None:
             raise
-        return out, stream_problem(after or exc)
+        return out, stream_problem(ended)
     if len(out) > max_size:
         raise _too_large(key, max_size)
     return out, None
@@ -290,21 +300,20 @@ def decompress(key: str, data: bytes, max_size: int | None = None) -> tuple[byte
 _GUNZIP_CHUNK_BYTES = 8 << 20
 
 
-def _before_the_break(key: str, data: bytes, max_size: int | None) -> tuple[bytes, BytesAfterTheStream | None]:
+def _before_the_break(key: str, data: bytes, max_size: int | None) -> tuple[bytes, Exception | None]:
     """The bytes that gzip data cut short, or followed by bytes that are not gzip, decompresses
-    to; and those bytes' error (None: the stream ends whole, as when it is only cut short)."""
-    chunks, size, after = [], 0, None
+    to; and what ended them (gunzip_pieces' EOFError or BytesAfterTheStream; None: the stream
+    ends whole)."""
+    chunks, size, ended = [], 0, None
     try:
         for chunk in gunzip_pieces([data], _GUNZIP_CHUNK_BYTES):
             size += len(chunk)
             if max_size is not None and size > max_size:
                 raise _too_large(key, max_size)
             chunks.append(chunk)
-    except EOFError:
-        pass
-    except BytesAfterTheStream as exc:
-        after = exc
-    return b"".join(chunks), after
+    except (EOFError, BytesAfterTheStream) as exc:
+        ended = exc
+    return b"".join(chunks), ended
 
 
 def _too_large(key: str, max_size: int) -> TrialTooLargeError:
@@ -414,14 +423,15 @@ _OUTSIDE_STRINGS = re.compile(rb'[{}"]')
 _INSIDE_STRING = re.compile(rb'["\\]')
 
 
-def structural_end(buf: bytes, start: int, limit: int) -> int | None:
+def structural_end(buf: bytes, start: int, limit: int, max_tokens: int | None = None) -> int | None:
     """The end (after its "}") of the JSON object that begins at buf[start], found by its
-    braces outside strings; None when buf[:limit] ends first. Whether it is valid JSON is
-    the parse's to say."""
-    depth, at = 0, start
+    braces outside strings; None when buf[:limit] ends first, or when it takes more than
+    max_tokens braces and strings. Whether it is valid JSON is the parse's to say."""
+    depth, at, tokens = 0, start, 0
     while True:
         token = _OUTSIDE_STRINGS.search(buf, at, limit)
-        if token is None:
+        tokens += 1
+        if token is None or (max_tokens is not None and tokens > max_tokens):
             return None
         at = token.end()
         if token.group() == b'"':
@@ -462,11 +472,39 @@ def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None
     if isinstance(doc, dict):
         return [doc], 0, None
     good, bad, examples = [], 0, []
+    # Consecutive lines that are no object (number, line as written, why), read again by their
+    # objects' braces where that finds any: a file written otherwise than one object per line
+    # (json.dump on one line, or indented) lost every object to one bad one, or to a cut, and
+    # objects written one after another on a line were one bad line. Runs alone: a line cut
+    # short holds its braces open, and read with the good lines after it would swallow them.
+    run: list[tuple[int, bytes, str]] = []
     # Bytes a file may have read by their braces: Python steps brace by brace, and a file of
     # nothing but "{" would take seconds a MB.
     by_structure = _MAX_STRUCTURE_BYTES
-    for number, line in enumerate(data.split(b"\n"), 1):
-        line = line.strip().rstrip(b",").strip()
+
+    def end_run() -> None:
+        nonlocal bad, by_structure
+        text = b"\n".join(line for _, line, _ in run)
+        if (len(run) > 1 or text.count(b"{") > 1) and len(text) <= by_structure:
+            by_structure -= len(text)
+            found, broken = _objects_by_structure(text, rescue)
+            if found:
+                good.extend(found)
+                bad += broken
+                if broken and len(examples) < 3:
+                    where = f"line {run[0][0]}" if len(run) == 1 else f"lines {run[0][0]}-{run[-1][0]}"
+                    examples.append(f"{where}: {broken} object(s) that are not valid JSON "
+                                    f"(read by their braces: not one object per line)")
+                run.clear()
+                return
+        for number, _, why in run:
+            bad += 1
+            if len(examples) < 3:
+                examples.append(f"line {number}: {why}")
+        run.clear()
+
+    for number, written in enumerate(data.split(b"\n"), 1):
+        line = written.strip().rstrip(b",").strip()
         if line in (b"", b"[", b"]"):
             continue
         if line.startswith(b"["):
@@ -481,28 +519,15 @@ def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None
         else:
             why = "not a JSON object"
         if isinstance(obj, dict):
+            if run:
+                end_run()
             good.append(obj)
-            continue
-        if obj is None and line.count(b"{") > 1 and len(line) <= by_structure:  # objects one after another?
-            by_structure -= len(line)
-            found, broken = _objects_by_structure(line, rescue)
-            if len(found) > 1 and not broken:
-                good += found
-                continue
-        bad += 1
-        if len(examples) < 3:
-            examples.append(f"line {number}: {why}")
+        else:
+            run.append((number, written, why))
+    if run:
+        end_run()
     if not bad:
         return good, 0, None
-    if bad >= len(good) and len(data) <= by_structure:
-        # Most lines broken: the file may not be one object per line (json.dump on one line,
-        # or indented), one bad object, or a cut, then cost them all. Its objects found by
-        # their braces are taken where they keep more (a line cut short, in a file of one
-        # object per line, would hold its braces open over the lines after it).
-        found, broken = _objects_by_structure(data, rescue)
-        if len(found) > len(good):
-            return found, broken, (f"{broken} object(s) are not valid JSON (read by their braces: the file "
-                                   f"is not one object per line)") if broken else None
     more = ", ..." if bad > len(examples) else ""
     return good, bad, f"{bad} line(s) are not JSON objects ({'; '.join(examples)}{more})"
 

@@ -377,14 +377,14 @@ Store = LocalStore | S3Store
 # AWS_ENDPOINT_URL=http://user:secret@host), found after every scheme in the message, one inside
 # another URL's path too; and a URL up to its query string, then the query string.
 # A userinfo is text up to an "@" before the next "/", or "user:password@" whose password holds
-# "/" (an AWS secret key may: base64), "@" excluded: then a port with a path that holds an "@"
-# (http://host:8080/p@x) is cut too, the safe side of the ambiguity.
+# "/" (an AWS secret key may: base64), "@" excluded, and does not begin as a port does (digits,
+# then "/": http://minio:9000/bucket/user@example.com/trial is a host, a port and a path).
 # Linear in the message: a scheme starts only where a word does; the first form is looked for
 # up to the next "/" (which ends the scheme's own "//" of the next URL), the second's password
 # for at most MAX_PASSWORD_CHARS, without going back (possessive), so no search scans more than
 # that much of the text again; and once a URL's scheme is found the query's match cannot fail.
 MAX_PASSWORD_CHARS = 128
-_USERINFO = re.compile(r"""\b(\w+://)([^\s"'/]*|[^\s"'/:@]++:[^\s"'@]{0,%d}+)@""" % MAX_PASSWORD_CHARS)
+_USERINFO = re.compile(r"""\b(\w+://)([^\s"'/]*|[^\s"'/:@]++:(?!\d*/)[^\s"'@]{0,%d}+)@""" % MAX_PASSWORD_CHARS)
 _URL_QUERY = re.compile(r"""(\b\w+://[^\s"'?]*)(?:\?[^\s"']*)?""")
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 import numpy as np
 from dash import dcc, html
 
-from ..analysis.compare import NOT_RECORDED, Comparison
+from ..analysis.compare import NOT_RECORDED, STATUS_WORDS, Comparison
 from ..display import duration_s
 from ..report import CLASS_WORDS, PART_WORDS, prediction_basis, saving_text, signed_duration
 from . import figures, views
 
-STATUS_WORDS = {"resolved": "resolved", "remaining": "remaining", "new": "new", "not_judged": "not judged"}
 
 
 def _percent(value) -> str:

@@ -131,7 +131,7 @@ class PipelineModel:
     mean_latency_us: float = 0.0
     mean_cpu_us: float = 0.0
     mean_compute_us: float = 0.0
-    iterator_batches: int = 0  # the median iterator's batches (0: none)
+    iterator_batches: int = 0  # an iterator's batches, where the trial shows them (_iterator_batches; 0: unknown)
     main_cores: float = 0.0  # the main process's use of the cores in training
     other_cores: float = 0.0  # other processes' use of the host's cores in training
     contention: float | None = None  # (cpu + run-queue wait) / cpu of the fetches, measured
@@ -196,6 +196,16 @@ class PipelineModel:
             return 1.0
         per_worker = workers * cpu / cores  # each worker's wall per batch
         return max(1.0, (per_worker - latency) / cpu)
+
+
+def _iterator_batches(segment: np.ndarray) -> int:
+    """The batches of the loader's iterators where the trial shows them whole, else 0 (unknown).
+    Its first and last iterators may be cut by the recording (a profiling window of a few steps
+    records a few batches of a long iterator: taken for its length, 64 workers were predicted as
+    16); those between them, two or more of one length, ran whole: an epoch's batches."""
+    counts = np.bincount(segment)[np.unique(segment)] if len(segment) else np.zeros(0, np.int64)
+    inner = counts[1:-1]
+    return int(inner[0]) if len(inner) >= 2 and (inner == inner[0]).all() else 0
 
 
 def compact(model: PipelineModel) -> PipelineModel:
@@ -423,7 +433,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     model.cpu_base_us = cpu_base
     model.mean_cpu_us = float(np.mean(cpu_base)) if n else 0.0
     model.mean_compute_us = float(np.mean(compute)) if n else 0.0
-    model.iterator_batches = int(np.median(np.bincount(segment)[np.unique(segment)])) if n else 0
+    model.iterator_batches = _iterator_batches(segment)
     if contention is not None:
         # Measured: the waiting part is what is neither CPU work nor queueing for a core.
         model.latency_base_us = np.maximum(base - (cpu + runq) / per_speed, 0.0)
