@@ -343,3 +343,30 @@ def test_a_start_up_finding_quotes_its_own_loaders_initializations(tmp_path):
     assert 0 < len(own) < len(inits) and float(own.median()) != float(inits["duration_us"].median())
     (found,) = [r for r in result.recommendations if r.id == "persistent_workers" and r.evidence["num_workers"] == 2]
     assert found.evidence["init_median_s"] == round(float(own.median()) / 1e6, 6)
+
+
+def test_a_profiling_window_of_a_long_iterator_does_not_cap_the_workers_a_what_if_keeps_busy(tmp_path):
+    # A recording of 16 batches (200..215) of a 400-batch iterator: taken for the iterator's
+    # length, the cap predicted 64 workers as 16. Only whole iterators (between the first and
+    # the last, two or more of one length) tell the length.
+    import glob
+
+    folder = str(tmp_path / "window")
+    write_trial(folder, epochs=1, train_batches=400, val_batches=0, num_workers=4, cpus=4, cpu_percent=95,
+                getnext_us=(5000, 9000))
+    for path in glob.glob(os.path.join(folder, "framework", "**", "*.json"), recursive=True):
+        with open(path) as handle:
+            events = json.load(handle)
+        kept = [e for e in events if not (e.get("ph") == "X" and str(e.get("name", "")).endswith("::GetNext")
+                                          and not 200 <= int(e["args"]["step_num"]) < 216)]
+        with open(path, "w") as handle:
+            json.dump(kept, handle)
+    result = dashboard.analyze(folder)
+    (budget,) = result.budget
+    assert budget.evidence["batches"] == 16 and budget.evidence["iterators"] == 1
+
+    def predicted(workers: int) -> float:
+        (found,) = result.what_if({"num_workers": workers})
+        return found.predicted["training_s"]
+
+    assert predicted(64) != predicted(16)
