@@ -473,14 +473,19 @@ def test_the_cache_folder_is_made_private_and_its_files_0600(tmp_path):
     assert loose == {}
 
 
-def test_a_cache_folder_of_another_user_is_refused(tmp_path):
-    from dashboard.web.cache import TrialCache
-
+def _cache_folder_of_another_user(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("giving a folder to another user needs root")
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir(mode=0o700)
     os.chown(cache_dir, 54321, 54321)
+    return cache_dir
+
+
+def test_a_cache_folder_of_another_user_is_refused(tmp_path):
+    from dashboard.web.cache import TrialCache
+
+    cache_dir = _cache_folder_of_another_user(tmp_path)
     with pytest.raises(PermissionError, match="belongs to another user"):
         TrialCache(str(cache_dir))
 
@@ -738,11 +743,7 @@ def test_the_url_names_the_trial_in_its_one_spelling_and_opens_the_same_trial(da
 
 def test_serve_on_a_cache_folder_of_another_user_says_so_in_one_line(tmp_path):
     # It raised out of `serve` with a traceback; a server that cannot start says why in one line.
-    if os.geteuid() != 0:
-        pytest.skip("giving a folder to another user needs root")
-    cache_dir = tmp_path / "cache"
-    cache_dir.mkdir(mode=0o700)
-    os.chown(cache_dir, 54321, 54321)
+    cache_dir = _cache_folder_of_another_user(tmp_path)
     done = subprocess.run([sys.executable, APP, "serve", "--cache-dir", str(cache_dir),
                            "--port", "0"], capture_output=True, text=True, timeout=CLI_WITHIN_S)
     assert done.returncode == 2, done
