@@ -466,9 +466,7 @@ def _json_objects(data: bytes, rescue=None) -> tuple[list[dict], int, str | None
     if isinstance(doc, dict) and isinstance(doc.get(TRACE_EVENTS), list):  # Chrome's object form
         doc = doc[TRACE_EVENTS]
     if isinstance(doc, list):
-        good = [e for e in doc if isinstance(e, dict)]
-        bad = len(doc) - len(good)
-        return good, bad, f"{bad} array element(s) are not JSON objects" if bad else None
+        return _array_objects(doc)
     if isinstance(doc, dict):
         return [doc], 0, None
     good, bad, examples = [], 0, []
@@ -562,12 +560,21 @@ TRACE_EVENTS = "traceEvents"
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def _is_object_form(data: bytes) -> bool:
+def _array_objects(doc: list) -> tuple[list[dict], int, str | None]:
+    """A JSON array's objects, the count of its other elements, and why they are skipped."""
+    good = [e for e in doc if isinstance(e, dict)]
+    bad = len(doc) - len(good)
+    return good, bad, f"{bad} array element(s) are not JSON objects" if bad else None
+
+
+def _object_form_events(data: bytes) -> list | None:
+    """The traceEvents of a file in Chrome's object form, else None."""
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(doc, dict) and isinstance(doc.get(TRACE_EVENTS), list)
+        return None
+    events = doc.get(TRACE_EVENTS) if isinstance(doc, dict) else None
+    return events if isinstance(events, list) else None
 
 
 def _rescue_with(parse_options):
@@ -697,10 +704,10 @@ def _raw_trace_table(data: bytes) -> tuple[pa.Table, int, str | None]:
         table = _typed_trace_table(data)
         if table is not None:
             return table, 0, None
-    elif data[:64].lstrip().startswith(b"{") and _is_object_form(data):
+    elif data[:64].lstrip().startswith(b"{") and (events := _object_form_events(data)) is not None:
         # Chrome's other form, {"traceEvents": [...], ...}: the fast path would take the whole
         # object for one event, of no name or phase. (Cut short, it is read line by line.)
-        objects, bad, problem = _json_objects(data)
+        objects, bad, problem = _array_objects(events)
         return pa.Table.from_pylist([_raw_trace_row(e) for e in objects], schema=_RAW_TRACE_READ), bad, problem
     # A file still being written (.tmp) has no closing bracket and ends in a comma.
     body = data.strip()

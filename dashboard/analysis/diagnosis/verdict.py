@@ -43,6 +43,11 @@ def _estimated(processes: list[ProcessTraining]) -> str:
     return " (recorded: the next() that ended each epoch)"
 
 
+def _span(iterators: str, processes: list[ProcessTraining]) -> str:
+    """Training time without steps to go by: the iterators' own spans."""
+    return f"from the first GetNext of {iterators} to the end of its last batch's compute{_estimated(processes)}"
+
+
 def _basis(processes: list[ProcessTraining]) -> str:
     iterators = sum(len(n.training_segments) for n in processes)
     stepped = [n for n in processes if n.steps_matched]
@@ -52,15 +57,13 @@ def _basis(processes: list[ProcessTraining]) -> str:
     elif stepped:  # a job of processes that record steps and of others that do not (a mixed trial)
         rest = [n for n in processes if not n.steps_matched]
         how = (f"over the training steps on the {len(stepped)} process(es) whose steps the iterators fed; on the "
-               f"other {len(rest)}, from the first GetNext of each iterator to the end of its last batch's "
-               f"compute{_estimated(rest)}, every iterator counting as training; {iterators} training "
-               f"iterator(s) in all")
+               f"other {len(rest)}, {_span('each iterator', rest)}, every iterator counting as training; "
+               f"{iterators} training iterator(s) in all")
     elif any(n.has_steps and not n.steps_matched for n in processes):
-        how = (f"from the first GetNext of each of {iterators} iterator(s) to the end of its last batch's "
-               f"compute{_estimated(processes)}; no iterator fed the training steps, so every iterator counts")
+        how = (f"{_span(f'each of {iterators} iterator(s)', processes)}; no iterator fed the training steps, so "
+               f"every iterator counts")
     else:
-        how = (f"from the first GetNext of each of {iterators} iterator(s) to the end of its last batch's "
-               f"compute{_estimated(processes)}; no step events, so every iterator counts as training")
+        how = f"{_span(f'each of {iterators} iterator(s)', processes)}; no step events, so every iterator counts as training"
     where = f" on {len(processes)} processes" if len(processes) > 1 else ""
     return how + where
 
