@@ -172,15 +172,20 @@ CPU_GAIN_TOLERANCE = 0.20
 # what the finding asks for, cheaper samples: with a quarter of the work per sample (--spin
 # 10000) it fell to 0.22..0.33 of the planted run's in 4 quiet pairs (4.8..6.9 ms -> 1.5..2.3
 # ms) and to 0.27..0.41 in 4 pairs with two `yes` (9.6..12.0 ms -> 3.1..4.4 ms). The test takes
-# the mean of HANDOFF_RUNS runs each way; 0.7 leaves room above the worst pair. (A shorter GIL
+# the mean of HANDOFF_RUNS runs each way, in groups A B B A (its bound: below). (A shorter GIL
 # switch interval shortened it quiet, 0.02..0.55 in 14 pairs, but hardly in a loaded suite run,
 # 0.87: there the cores held it. The text names both.) With one busy core (one `yes`), 5 groups A
 # B B A: planted 6.8..15.4 ms, cheaper 2.4..4.0 ms, group ratios 0.26..0.37. One suite run with
 # one busy core failed at 0.79 when the runs were made A A B B: planted 8.3 and 2.8 ms, cheaper
 # 4.4 and 4.3 (no planted run of those 20 was under 6.8 ms); the runs are now made A B B A.
+# On 2026-12-05's host (CI, and 3 groups quiet) one GIL switch interval held most ready batches
+# either way: planted 4.6-10.1 ms in two modes (4.6-5.5 or 8.4-10.1), cheaper 3.7-4.8 ms, group
+# ratios 0.46, 0.64, 0.79 and 0.80 (the books' ready batches' means fell further, 15-20 ms ->
+# 5.5-6.5 ms; the finding names their median). Drawn from those 8 runs each way, the mean of 2
+# runs each way passed 0.7 in 60 % of draws; the mean of 4, 0.9 in 99 % (0.85: 95 %).
 HANDOFF_CHEAPER_SPIN = "10000"
-HANDOFF_RUNS = 2
-HANDOFF_RATIO_MAX = 0.7
+HANDOFF_RUNS = 4
+HANDOFF_RATIO_MAX = 0.9
 # Of a ready batch's wait in the planted run, the hand-over's share: 0.97-0.98 quiet (4.8-6.9 ms,
 # delivery itself 0.11-0.15 ms), 0.78 in a full suite run with two `yes` (3.5 of 4.5 ms, delivery
 # itself at its 1 ms cap). (This replaced "delivery itself <= 1 ms", which its cap always met: it
@@ -281,7 +286,7 @@ CONTENTION_GROUPS = 2
 # The job's own hand-over and delivery stay throughput's beside the busy processes: its throughput
 # part there against the re-run's without them (relative). 6 quiet pairs: 0.77-1.20x; the means
 # of the 6 A B B A groups above: 0.77-0.94x. With the residual taken before the contention (it
-# then held the contention's queueing, which the replay does not model), the same pairs gave 0,
+# then held the contention's queueing, which the replay did not model), the same pairs gave 0,
 # 0, 0.15, 0.59, 0.61 and 0.98x.
 CONTENTION_THROUGHPUT_TOLERANCE = 0.35
 # Whether out-of-order delivery helps a slow worker depends on how much of its delay the compute
@@ -317,7 +322,14 @@ CONTENTION_THROUGHPUT_TOLERANCE = 0.35
 # quiet run of the test alone (a gain of 1.59 s, 4 of 4 proposed). Where none proposes it, out of
 # order must remove less than NOT_HELPING_SHARE of the imbalance part (on a quiet host: with two
 # `yes` the waits' noise is the size of the part, see above). The training time predicted is
-# checked on both hosts.
+# checked on both hosts. On 2026-12-05, CI: the re-runs trained 0.78 s faster (means), waiting
+# 0.25 s less; the planted runs predicted savings of -0.18, +0.65, +0.07 and +0.13 s, 2 of 4 over
+# the finding's bar (0.1 s), which then decided: the replay left out the fetches' measured
+# queueing for a core (pipeline.PipelineModel.cpu_stretch), and one run's out-of-order cost was
+# the mean of 3 hand-overs (pipeline.MIN_WAITED_RECEIVED). With both fixed, the file run quiet:
+# a gain of 0.63 s (the wait 0.10 s of it), savings -0.22, +0.14, +0.19 and +0.07 s: the main
+# process computes faster out of order, which the prediction leaves out, and any predicted
+# saving proposes the change (findings/imbalance.py).
 HIDDEN_SLOW_WORKER_ARGS = ("--hogs", "2", "--hidden", "2560")
 NOT_HELPING_SHARE = 0.5
 NOT_HELPING_GROUPS = 2
@@ -843,11 +855,13 @@ def test_cheaper_samples_shorten_the_hand_over_the_cpu_finding_names(jobs):
     def cheaper(planted):
         return None, ("--spin", HANDOFF_CHEAPER_SPIN)
 
-    # In the order A B B A (for HANDOFF_RUNS 2): the host's load drifts.
-    planted, *more = jobs.steady("cpu", *[cheaper] * HANDOFF_RUNS, *[again] * (HANDOFF_RUNS - 1))
+    # In groups A B B A: the host's load drifts.
+    planted, *more = jobs.steady("cpu", *([cheaper, cheaper, again, again] * (HANDOFF_RUNS // 2))[:-1])
     named = finding(planted.result, "cpu_saturated")
     assert named.evidence["handoff_s"] is not None and "handed over" in named.text, named.text
-    runs = {"planted": [planted] + more[HANDOFF_RUNS:], "cheaper": more[:HANDOFF_RUNS]}
+    runs = {"planted": [planted] + [run for run in more if run.more_args == planted.more_args],
+            "cheaper": [run for run in more if run.more_args != planted.more_args]}
+    assert len(runs["planted"]) == len(runs["cheaper"]) == HANDOFF_RUNS
     handoffs = {way: [only_budget(run).evidence["handoff_s"] for run in done] for way, done in runs.items()}
     mean = {way: sum(values) / len(values) for way, values in handoffs.items()}
     assert mean["cheaper"] <= HANDOFF_RATIO_MAX * mean["planted"], handoffs

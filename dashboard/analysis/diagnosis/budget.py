@@ -273,7 +273,7 @@ def _bound(model: PipelineModel, process: ProcessTraining, util: float | None) -
     if model.cpu_measured:
         # The fetches' share of time computing or queueing for a core (measured), else
         # computing, with the model's stretch from sharing cores.
-        stretch = model.contention or model.stretch(model.settings.num_workers)
+        stretch = model.cpu_stretch(model.settings.num_workers)
         share = float(np.sum(model.cpu_base_us * model.speed[model.worker])) * stretch / service
         return ("latency" if share < LATENCY_CPU_SHARE else "cpu"), False
     if util is None or not process.cores:
