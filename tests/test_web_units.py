@@ -1430,3 +1430,14 @@ def test_a_failure_a_load_cannot_report_itself_is_said_in_its_error_output():
                                                                    "(TimeoutError); try again (the server log says more)."}}
     untold = call([("note", "children")])
     assert untold.status_code == 200 and not untold.get_json()["response"], untold.data  # nothing changed
+
+
+def test_an_outlier_table_names_the_process_that_loaded_each_batch():
+    # The format's worker id -1 is a batch loaded in the training process (num_workers=0): the
+    # table said "-1"; a Kineto host's missing id says "not recorded"; a worker's, its number.
+    frame = pd.DataFrame({"start_us": [1_000, 2_000, 3_000], "end_us": [1_500, 2_700, 3_900],
+                          "duration_us": [500, 700, 900], "worker_id": [-1, 3, np.nan], "pid": [10, 10, 11],
+                          "node": ["algo-1", "algo-1", "algo-2"]})
+    rows = views.outlier_rows(frame, "duration_us", unrecorded_hosts=["algo-2"])
+    assert [row["worker_id"] for row in rows] == ["main process", 3, "not recorded"]
+    assert views.outlier_csv(rows).splitlines()[1].split(",")[6] == "main process"

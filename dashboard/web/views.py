@@ -338,7 +338,8 @@ def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_hosts=()) ->
     """Table rows for an outliers frame (longest first); raw times ride along for clicks.
 
     unrecorded_hosts: hosts whose profiler does not record worker ids (Kineto traces): their
-    unknown worker id reads "not recorded", not a blank or a number."""
+    unknown worker id reads "not recorded", not a blank or a number. A batch loaded in the training
+    process (worker id -1, num_workers=0) reads "main process"."""
     rows = []
     unrecorded = set(unrecorded_hosts)
     for i, row in enumerate(frame.head(MAX_TABLE_ROWS).to_dict("records")):
@@ -353,6 +354,8 @@ def outlier_rows(frame: pd.DataFrame, value_column: str, unrecorded_hosts=()) ->
                 out[column] = None if pd.isna(row[column]) else int(row[column])
         if "worker_id" in row and out["worker_id"] is None and str(row.get("node")) in unrecorded:
             out["worker_id"] = NOT_RECORDED
+        elif out.get("worker_id") is not None and out["worker_id"] < 0:
+            out["worker_id"] = MAIN_PROCESS  # (the format's -1: a batch loaded in the training process)
         for column in ("node", "type"):
             if column in row:
                 out[column] = str(row[column])
@@ -436,6 +439,7 @@ def summary(whole: Trial) -> dict:
 
 
 NOT_RECORDED = "not recorded"
+MAIN_PROCESS = "main process"
 KINETO_SOURCE = "PyTorch profiler trace"
 
 
