@@ -377,7 +377,8 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                          # ...and holding the GIL, which a finished batch's hand-over needs
                          # in its worker: a worker that sleeps on storage holds none of it.
                          "worker_gil_busy": round(gil_busy, 3),
-                         "stretch": round(model.stretch(workers), 3),
+                         # (the stretch of the fetches' CPU work the replay charges today)
+                         "stretch": round(model.cpu_stretch(workers), 3),
                          "cores_for_workers": None if model.cores_for_workers is None
                          else round(model.cores_for_workers, 2),
                          "worker_cpu_cores": None if model.worker_cpu_cores is None

@@ -33,7 +33,8 @@ What is inferred from a trial (per loader, per batch, in its iterator's order):
 - CPU: a service time is a part that needs a core (the fetch's CPU time) and a part that
   waits (storage, network, locks). When the workers' demand for cores exceeds the cores
   left to them (the host's cores less the main process's compute and other load), the
-  computing part stretches; the waiting part never does.
+  computing part stretches; the waiting part never does. Where the kernel measured the
+  fetches' queueing for a core, today's stretch is that (PipelineModel.cpu_stretch).
 
 The replay runs the iterator's protocol batch by batch with those inputs and changed
 settings. It is exact for the protocol and approximate in its inputs; a prediction is the
@@ -547,7 +548,7 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     2.4-4.9 ms, its 12 out-of-order re-runs' next()s 3.2-4.2 ms; with the mean of all received
     (3.7-7.4 ms) one run of 8 predicted out of order 0.39 s slower, where its re-runs trained
     1.1 s faster. Where fewer than MIN_WAITED_RECEIVED received batches were waited for, their
-    mean is no measure (a run of that job whose main process computed slower: 3 waited for, one of
+    mean is no measure (none: every batch was there before it was asked for; a run of that job whose main process computed slower: 3 waited for, one of
     them 15.6 ms, a mean of 6.1 ms where the out-of-order runs just before and after it took 2.7
     and 3.5 ms; it predicted out of order 0.4 s slower than its 5.7 s, they trained 4.7 and 4.6 s):
     the received batches' hand-over per batch they took off the queue is (that run: 2.3 ms).

@@ -54,8 +54,13 @@ class LoaderContext:
                 "batches": self.budget.evidence.get("batches"), "part_s": None, **more}
 
     def recommend(self, kind: str, text: str, evidence: dict, seconds: float | None,
-                  result: WhatIf | None) -> Recommendation:
-        """A finding whose saving is its change's prediction (else the part's seconds)."""
+                  result: WhatIf | None, told: bool = True) -> Recommendation:
+        """A finding whose saving is its change's prediction (else the part's seconds). told=False:
+        the prediction cannot tell the change's effect from none; the part's seconds rank the
+        finding, and the prediction rides along."""
+        if result is not None and result.predicted is not None and not told:
+            return Recommendation(kind, text, evidence, None if seconds is None else round(seconds, 3),
+                                  result.change, result.predicted)
         if result is not None and result.predicted is not None:
             saving = result.saving_s
             return Recommendation(kind, text, evidence, round(max(saving, 0.0), 3), result.change,

@@ -19,19 +19,20 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     result = ctx.predict({"in_order": False}) if loader.in_order else None
     # Out of order every next() takes its batch from the result queue, a round trip to a worker
     # (pipeline._delivery_by_path): on a busy host whose compute hides most of the slow worker's
-    # delay, that costs about what the order saves. The change is said not to help only where the
-    # model predicts it slower by more than it can tell (_undecided_s: a loaded suite run
-    # predicted 5.08 s -> 6.44 s of training; the re-run trained 5.31 s). Where it predicts about
-    # the same, the change is proposed and the prediction says so: the re-runs gained more than
-    # the model predicts. The slow_worker job, its delay partly hidden, beside two busy
-    # processes, in three suite runs of 4 planted runs and 4 out-of-order re-runs: the re-runs
-    # trained 0.78, 0.63 and 0.56 s faster (means), of which the wait 0.25, 0.10 and 0.34 s, the
-    # main process computing the rest faster, which the model leaves out; the planted runs
-    # predicted savings of -0.18 to +0.65 s, -0.22 to +0.19 s and -0.06 to +0.78 s (the second
-    # and third with the replay charging the fetches' queueing: PipelineModel.cpu_stretch). 2 of
-    # 4 cleared the finding's bar (0.1 s) in each, and 2 or 3 of 4 predicted any saving.
+    # delay, that costs about what the order saves, and the prediction cannot tell the change's
+    # effect from none within _undecided_s of today: there the change is proposed and says so;
+    # it is said not to help where predicted slower beyond that (a loaded suite run predicted
+    # 5.08 s -> 6.44 s of training; the re-run trained 5.31 s). The slow_worker job, its delay
+    # partly hidden, beside two busy processes, in three suite runs of 4 planted runs and 4
+    # out-of-order re-runs: the re-runs trained 0.78, 0.63 and 0.56 s faster (means), of which
+    # the wait 0.25, 0.10 and 0.34 s, the main process computing the rest faster, which the model
+    # leaves out; the planted runs predicted savings of -0.18 to +0.65 s, -0.22 to +0.19 s and
+    # -0.06 to +0.78 s (the second and third with the replay charging the fetches' queueing:
+    # PipelineModel.cpu_stretch), and 2 of 4 cleared the finding's bar (0.1 s) in each, which
+    # then decided: "would not help" where the re-runs gained.
     undecided = _undecided_s(ctx.model) if result is not None and result.predicted is not None else 0.0
     helps = result is None or result.predicted is None or result.saving_s >= -undecided
+    told = result is None or result.predicted is None or abs(result.saving_s) > undecided
     calls = loader.calls
     model = ctx.model
     mine = np.flatnonzero(model.worker == worker)
@@ -46,16 +47,14 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     # setting that hides it meanwhile.
     fixed = predict_worker_as_fast(ctx.model, budget, worker)
     advice = prediction_sentence(today(budget), fixed, "Made as fast as the others, predicted")
-    if loader.in_order and helps and result.predicted is not None and result.saving_s <= 0:
+    if loader.in_order and helps:
         advice += (" Until then, `in_order=False` on the DataLoader (torch >= 2.6) lets the other workers' "
-                   "batches through, at the cost of batch order. Predicted about the same (training "
-                   f"{duration_s(result.now['training_s'])} -> {duration_s(result.predicted['training_s'])}), "
-                   "which this prediction cannot tell from a gain: every batch would then be handed over from "
-                   "the result queue, whose cost it reads from today's in-order hand-overs, to within "
-                   f"{duration_s(undecided)} over this run.")
-    elif loader.in_order and helps:
-        advice += (" Until then, `in_order=False` on the DataLoader (torch >= 2.6) lets the other workers' "
-                   "batches through, at the cost of batch order." + predicted_text(result))
+                   "batches through, at the cost of batch order.")
+        if not told:
+            advice += (f" The prediction {CANNOT_TELL} (it is known to within {duration_s(undecided)} either "
+                       "way: every batch would then be handed over from the result queue, whose cost it reads "
+                       "from today's in-order hand-overs).")
+        advice += predicted_text(result)
     elif loader.in_order:
         advice += (f" Until then, `in_order=False` would not help: every batch would then be handed over from "
                    f"the result queue, which costs this host more than the order does (predicted training "
@@ -78,9 +77,11 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
                             batches=batch_list(calls, slowest))
     if not helps:
         evidence["in_order_false_predicted"] = result.predicted
-    return [ctx.recommend("slow_worker", text, evidence, part, result if helps else None)]
+    return [ctx.recommend("slow_worker", text, evidence, part, result if helps else None, told)]
 
 
+# How a proposal of out-of-order delivery says that its prediction is within that spread.
+CANNOT_TELL = "cannot tell its effect here from none"
 # How far, either way, an out-of-order next()'s cost read from an in-order run is from what its
 # re-runs out of order measure (pipeline._delivery_by_path: -33 % to +53 %, 13 runs).
 OUT_OF_ORDER_COST_SPREAD = 0.5
