@@ -51,8 +51,10 @@ the collector's GetNext does not see).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -252,13 +254,26 @@ def train(args) -> dict:
             "epoch_books": epochs}
 
 
+def _die_with_parent() -> None:
+    """In a child before its exec: the kernel kills it when this process ends, however it ends."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # More workers than cores is the point of some scenarios: torch's advice against it is noise here.
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     torch.set_num_threads(1)
     started = time.perf_counter()
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    # A job killed (a test's timeout, an interrupted suite) takes its busy processes with it: two
+    # left behind by a suite stopped with SIGTERM kept both cores busy for the next suite's half hour.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_die_with_parent)
+            for _ in range(args.hogs)]
     try:
         with profile_dataloaders(args.out, worker_fetch=True, system_interval_s=0.2):
             books = train(args)

@@ -910,3 +910,46 @@ def test_more_workers_gain_what_the_model_predicts_when_the_cores_are_saturated(
         assert {"node", "loader", "change", "now", "predicted"} <= set(item)
         if (item["node"], item["loader"]) == (what_if.node, what_if.loader):
             assert item["now"] == pytest.approx(what_if.now)
+
+
+def test_a_killed_job_takes_its_busy_processes_with_it(tmp_path):
+    # A suite stopped with SIGTERM left a job's two busy processes running: both cores stayed busy
+    # through the next suite. Killed even with SIGKILL, the job's busy processes end with it.
+    job = subprocess.Popen([sys.executable, JOB, "--out", str(tmp_path / "trial"), "--books", str(tmp_path / "b.json"),
+                            "--fault", "clean", "--hogs", "2", "--epochs", "50"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def hogs() -> list[int]:
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    busy = b"while True: pass" in handle.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            if busy and parent == job.pid:
+                found.append(int(pid))
+        return found
+
+    deadline = time.monotonic() + 60
+    while len(hogs()) < 2 and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = hogs()
+    job.kill()
+    job.wait()
+    assert len(started) == 2, started
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") and _running(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in started if os.path.exists(f"/proc/{pid}") and _running(pid)], started
+
+
+def _running(pid: int) -> bool:
+    """Whether a process is alive (not a zombie its parent has yet to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
