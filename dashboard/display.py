@@ -124,6 +124,10 @@ def iso_utc(us) -> str:
 MAX_NAME_CHARS = 22
 
 
+# Who loaded a batch whose worker id is the collector's -1 (num_workers=0).
+MAIN_PROCESS = "main process"
+
+
 def worker_text(value) -> str:
     """Which process made a batch: a worker's id; -1, the collector's mark for a batch loaded
     in the training process (num_workers=0); missing where the profiler does not record it
@@ -132,7 +136,7 @@ def worker_text(value) -> str:
         number = int(value)
     except (TypeError, ValueError):  # None, NaN, pandas' NA
         return "worker not recorded"
-    return "main process" if number < 0 else f"worker {number}"
+    return MAIN_PROCESS if number < 0 else f"worker {number}"
 
 
 def short_name(name: str, limit: int = MAX_NAME_CHARS) -> str:

@@ -29,7 +29,7 @@ from ..api import TrialAnalysis
 from ..report import NOT_RECORDED_WORDS, PART_WORDS, no_findings_reason, not_recorded_anywhere
 from ..report import to_dict
 from ..report import saving_text  # noqa: F401  (the page's words for a saving are the report's)
-from ..display import duration_s, duration_us, iso_utc, short_name
+from ..display import MAIN_PROCESS, duration_s, duration_us, iso_utc, short_name
 from ..display import prediction_text as _prediction_text
 from ..trial.errors import TrialError, TrialTooLargeError
 from ..trial.load import Trial
@@ -439,7 +439,6 @@ def summary(whole: Trial) -> dict:
 
 
 NOT_RECORDED = "not recorded"
-MAIN_PROCESS = "main process"
 KINETO_SOURCE = "PyTorch profiler trace"
 
 

@@ -548,10 +548,11 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     2.4-4.9 ms, its 12 out-of-order re-runs' next()s 3.2-4.2 ms; with the mean of all received
     (3.7-7.4 ms) one run of 8 predicted out of order 0.39 s slower, where its re-runs trained
     1.1 s faster. Where fewer than MIN_WAITED_RECEIVED received batches were waited for, their
-    mean is no measure (none: every batch was there before it was asked for; a run of that job whose main process computed slower: 3 waited for, one of
-    them 15.6 ms, a mean of 6.1 ms where the out-of-order runs just before and after it took 2.7
-    and 3.5 ms; it predicted out of order 0.4 s slower than its 5.7 s, they trained 4.7 and 4.6 s):
-    the received batches' hand-over per batch they took off the queue is (that run: 2.3 ms).
+    mean is no measure (or there is none: every batch was there before it was asked for). A run
+    of that job whose main process computed slower had 3 waited for, one of them 15.6 ms, a mean
+    of 6.1 ms where the out-of-order runs just before and after it took 2.7 and 3.5 ms; it
+    predicted out of order 0.4 s slower than its 5.7 s, they trained 4.7 and 4.6 s. There the
+    received batches' hand-over per batch they took off the queue is taken (that run: 2.3 ms).
     Either is a noisy measure of the cost out of order: 13 in-order runs of that job (3 with its
     workers alike) against the means of their neighbours' out-of-order runs (2.1-3.1 ms) were
     -33 % to +53 % off (the hand-over of received batches per batch each took off the queue,
