@@ -254,13 +254,13 @@ def train(args) -> dict:
             "epoch_books": epochs}
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def _die_with_parent() -> None:
     """In a child before its exec: the kernel kills it when this process ends, however it ends."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def main(argv=None) -> int:

@@ -63,7 +63,8 @@ def _basis(processes: list[ProcessTraining]) -> str:
         how = (f"{_span(f'each of {iterators} iterator(s)', processes)}; no iterator fed the training steps, so "
                f"every iterator counts")
     else:
-        how = f"{_span(f'each of {iterators} iterator(s)', processes)}; no step events, so every iterator counts as training"
+        how = (f"{_span(f'each of {iterators} iterator(s)', processes)}; no step events, so every iterator counts "
+               f"as training")
     where = f" on {len(processes)} processes" if len(processes) > 1 else ""
     return how + where
 
