@@ -328,7 +328,7 @@ CONTENTION_THROUGHPUT_TOLERANCE = 0.35
 # 0.25 s less; the planted runs predicted savings of -0.18, +0.65, +0.07 and +0.13 s, 2 of 4 over
 # the finding's bar (0.1 s), which then decided: the replay left out the fetches' measured
 # queueing for a core (pipeline.PipelineModel.cpu_stretch), and one run's out-of-order cost was
-# the mean of 3 hand-overs (pipeline.MIN_WAITED_RECEIVED). With both fixed, the file run quiet:
+# the mean of 3 hand-overs (pipeline.MIN_RECEIVED). With both fixed, the file run quiet:
 # a gain of 0.63 s (the wait 0.10 s of it), savings -0.22, +0.14, +0.19 and +0.07 s: the main
 # process computes faster out of order, which the prediction leaves out. The change is now
 # proposed unless predicted slower beyond what the out-of-order cost's spread allows, saying so
@@ -749,6 +749,11 @@ def test_a_slow_worker_made_as_fast_as_the_others_saves_what_its_finding_predict
 
     # Means of runs in the order A B B A (see 'means of runs' among the tolerances), on one host load.
     # Measured (the module's table): training 0.98-1.18x the re-runs', waiting share within 0.07.
+    # Since each next() whose batch is there is charged its own cost (pipeline._delivery_by_path) and
+    # the step after a long wait its idle compute (pipeline._idle_compute), 10 groups (2026-12-06, 6
+    # quiet, 4 with two `yes`): training 0.89-1.28x, waiting share 0.02-0.08 under (the planted runs'
+    # loop computed slower between its waits). Without either, a CI run whose first planted run met a
+    # busier host (its waited-for next()s took 7 ms) missed by 1.68x.
     planted, *fixed, last = jobs.steady("slow_worker", as_fast, as_fast, again)
     predictions = []
     for run in (planted, last):

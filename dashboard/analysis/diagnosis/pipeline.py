@@ -66,9 +66,10 @@ DELIVERY_QUANTILE = 0.05
 DELIVERY_CAP_US = 1_000.0
 # Delivery cost assumed for a loader that has no workers today (num_workers=0 -> N).
 DEFAULT_DELIVERY_US = 500.0
-# Received batches waited for (in order) that measure what a next() out of order costs: fewer
-# are a mean of a few hand-overs whose tail is wide on a busy host (see _delivery_by_path).
-MIN_WAITED_RECEIVED = 10
+# Received batches of one kind (waited for, or there at the ask) that measure what such a
+# next() costs: fewer are a mean of a few hand-overs whose tail is wide on a busy host (see
+# _delivery_by_path).
+MIN_RECEIVED = 10
 # The replay's work is bounded: a Python step per batch, about 2 us each.
 MAX_REPLAY_BATCHES = 20_000
 # Fetches whose CPU work took this much longer for queueing on a run queue (schedstat)
@@ -98,11 +99,12 @@ class PipelineModel:
     settings: Settings
     delivery_us: float  # what a GetNext of a batch its worker had finished costs (median)
     delivery_base_us: float  # of it, delivery itself: the short ones' median (see build)
-    # What the replay charges a next() (see build): in order, one that takes its batch from the
-    # result queue, and one whose batch the main process took off the queue earlier (while it
-    # waited for an earlier batch) and stored; out of order, each taking its own batch off the
-    # queue (see _delivery_by_path).
+    # What the replay charges a next() (see build): in order, one that waited for its batch and
+    # took it from the result queue, one whose batch was in the queue when it asked, and one whose
+    # batch the main process took off the queue earlier (while it waited for an earlier batch)
+    # and stored; out of order, each taking its own batch off the queue (see _delivery_by_path).
     received_us: float
+    ready_us: float
     stored_us: float
     out_of_order_us: float
     service_measured: bool  # fetch events (collector) gave the service times
@@ -143,7 +145,11 @@ class PipelineModel:
     # start of new workers (forking them slows the parent: copy-on-write faults, the new
     # processes taking the cores): what persistent workers also save, per start.
     startup_compute_us: float = 0.0
+    # The main process's compute after a next() that waited, beyond its compute after one whose
+    # batch was there (us; 0: none told from noise): see _idle_compute.
+    idle_compute_us: float = 0.0
     today_us: float = 0.0  # the replay's total wait under today's settings
+    today_idle_saved_us: float = 0.0  # ...and the idle compute its shorter waits spared
     # ...and per replayed segment, each next()'s (the budget's residual reads it; a compact
     # model drops it)
     today_waits: list = dataclasses.field(default_factory=list)
@@ -331,7 +337,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     measured = False
     if not workers:  # the main process loads each batch inside next()
         service = wait.copy()
-        delivery = delivery_base = received = stored_cost = out_of_order = 0.0
+        delivery = delivery_base = received = ready_cost = stored_cost = out_of_order = 0.0
     elif matched is not None and matched["duration_us"].notna().mean() >= 0.5:
         fetch_start = matched["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
         fetch_end = matched["end_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -353,7 +359,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
             delivery_base = delivery
         else:
             delivery_base = min(delivery, _delivery_from_waits(wait[ready_before]))
-        received, stored_cost, out_of_order = _delivery_by_path(
+        received, ready_cost, stored_cost, out_of_order = _delivery_by_path(
             segment, fetch_end, ask, handover, settings.in_order, delivery, delivery_base)
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
@@ -373,7 +379,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     else:
         # Without fetch events a next() cannot be told to have taken its batch from the queue
         # or from the stored ones: every one is charged the same.
-        delivery = delivery_base = received = stored_cost = out_of_order = _delivery_from_waits(wait)
+        delivery = delivery_base = received = ready_cost = stored_cost = out_of_order = _delivery_from_waits(wait)
     if workers and not measured:
         service, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
@@ -435,7 +441,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
 
     model = PipelineModel(
         settings=settings, delivery_us=float(delivery), delivery_base_us=float(delivery_base),
-        received_us=float(received), stored_us=float(stored_cost), out_of_order_us=float(out_of_order),
+        received_us=float(received), ready_us=float(ready_cost), stored_us=float(stored_cost),
+        out_of_order_us=float(out_of_order),
         service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
@@ -470,9 +477,13 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     del per_speed, base, cpu
     model.contention = contention
     model.startup_compute_us = startup_compute
+    model.idle_compute_us = (_idle_compute(compute, wait, index, workers, delivery, model.mean_compute_us)
+                             if workers else 0.0)
     model.replay_segments, model.replay_scale, model.replay_cap, model.replay_beyond = _sample(segment, segments)
-    model.today_waits = replay_waits(model, settings)
+    today = _replay(model, settings)
+    model.today_waits = [(seg, waits) for seg, waits, _ in today]
     model.today_us = _total(model, model.today_waits)
+    model.today_idle_saved_us = _total(model, [(seg, spared) for seg, _, spared in today])
     return model
 
 
@@ -504,6 +515,60 @@ def _startup_compute(compute, segment, index, recreated) -> float:
     return float(np.maximum(by_position.to_numpy() - np.median(steady), 0.0).sum())
 
 
+# Steps needed on each side (after a wait, after a batch that was there) to tell the compute
+# after a wait from the other; about IDLE_SAMPLE steps are read, evenly (a median's noise at
+# that size is far below the effect).
+MIN_IDLE_STEPS = 10
+IDLE_SAMPLE = 100_000
+# One-sided, as SLOW_WORKER_P_VALUE (budget): the compute after a wait is slower, not faster.
+IDLE_P_VALUE = 0.01
+
+
+def _idle_compute(compute, wait, index, workers, delivery, mean_compute) -> float:
+    """How much longer the main process computed after a next() that waited than after one whose
+    batch was there (us): the difference of their medians, where it is told from noise (one-sided
+    test of the medians' difference against their standard error, from each side's median
+    absolute deviation), else 0. Each iterator's first round is left out: its start-up has its
+    own cost (_startup_compute).
+
+    While the training loop sleeps in next(), its core idles or runs something else, and the
+    step after it runs on cold caches. The slow_worker job (a 100 ms wait every 4 batches, the
+    others stored): the step after the wait took 1.5-6 ms longer quiet than the steps between
+    (6-10 ms), about 1 ms longer with two `yes`; with its workers alike (waits of 1-30 ms) the
+    re-runs' steps after a wait were as long as the rest. A change that removes the waits
+    removes that too (the replay: in proportion to how much of each wait it removes); left out,
+    the prediction of that job with its worker fixed kept 0.05-0.11 s of compute its re-runs
+    did not spend."""
+    every = max(1, len(compute) // IDLE_SAMPLE)  # (strided views: no copy of 3M batches' arrays)
+    compute, wait, index = compute[::every], wait[::every], index[::every]
+    steady = index >= workers
+    blocked = _after_a_wait(wait, index, workers, delivery, mean_compute)
+    after_wait, after_ready = compute[blocked], compute[steady & ~blocked]
+    if min(len(after_wait), len(after_ready)) < MIN_IDLE_STEPS:
+        return 0.0
+    # (scipy.special, not scipy.stats: see budget._slow_worker)
+    from scipy.special import ndtr
+
+    medians = [float(np.median(side)) for side in (after_wait, after_ready)]
+    # The median's standard error: sqrt(pi / 2) x sigma / sqrt(n), sigma 1.4826 x the MAD.
+    errors = [1.2533 * 1.4826 * float(np.median(np.abs(side - m))) / np.sqrt(len(side))
+              for side, m in zip((after_wait, after_ready), medians)]
+    shift = medians[0] - medians[1]
+    error = float(np.hypot(*errors))
+    if shift <= 0 or error <= 0 or float(ndtr(-shift / error)) >= IDLE_P_VALUE:
+        return 0.0
+    return shift
+
+
+def _after_a_wait(wait, index, workers, delivery, compute) -> np.ndarray:
+    """The batches whose next() waited longer than a step (the mean `compute`) and beyond the
+    delivery cost, each iterator's first round left out: those whose step after may run slower
+    for the wait (_idle_compute). (Shorter waits come and go with the host's speed, which slows
+    the step after them too: with both cores busy, the slow_worker job's re-runs with its
+    workers alike computed 2.5-4 ms longer after their 1-10 ms waits in 2 runs of 8.)"""
+    return (index >= workers) & (wait > max(delivery + READY_SLACK_US, compute))
+
+
 def _delivery_from_waits(wait: np.ndarray) -> float:
     """The delivery cost from the waits alone: the median of the short ones (within twice
     a low quantile), capped (see DELIVERY_CAP_US). The median, not the low quantile
@@ -516,10 +581,11 @@ def _delivery_from_waits(wait: np.ndarray) -> float:
 
 
 def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
-                      delivery_base) -> tuple[float, float, float]:
-    """What a next() costs beyond its batch's fetch (us): (taking the batch from the result
-    queue, returning one taken off it earlier and stored, taking its own batch off the queue
-    out of order), the means of today's measured hand-overs of each kind: the replay sums
+                      delivery_base) -> tuple[float, float, float, float]:
+    """What a next() costs beyond its batch's fetch (us): in order, (waiting for its batch and
+    taking it from the result queue, taking it from the queue where it already was when next()
+    asked, returning one taken off the queue earlier and stored); out of order, taking its own
+    batch off the queue. The means of today's measured hand-overs of each kind: the replay sums
     them, and on a busy host a hand-over's spread is wide (the slow_worker job with two busy
     processes: received ones' median 3.6 ms, mean 4.3 ms; with medians its out-of-order re-runs'
     wait was predicted at 0.20-0.25 of training against 0.28-0.36 measured, with means
@@ -547,7 +613,7 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     processes beside it (12 quiet runs): ready received 6.2-18.4 ms mean, waited received
     2.4-4.9 ms, its 12 out-of-order re-runs' next()s 3.2-4.2 ms; with the mean of all received
     (3.7-7.4 ms) one run of 8 predicted out of order 0.39 s slower, where its re-runs trained
-    1.1 s faster. Where fewer than MIN_WAITED_RECEIVED received batches were waited for, their
+    1.1 s faster. Where fewer than MIN_RECEIVED received batches were waited for, their
     mean is no measure (or there is none: every batch was there before it was asked for). A run
     of that job whose main process computed slower had 3 waited for, one of them 15.6 ms, a mean
     of 6.1 ms where the out-of-order runs just before and after it took 2.7 and 3.5 ms; it
@@ -557,7 +623,20 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     workers alike) against the means of their neighbours' out-of-order runs (2.1-3.1 ms) were
     -33 % to +53 % off (the hand-over of received batches per batch each took off the queue,
     waiting or not, no better: -37 % to +60 %); the host's speed moves from run to run. Out of
-    order today, every batch is received: their mean."""
+    order today, every batch is received: their mean.
+
+    In order, a next() that waited for its batch is woken when it arrives, and its worker's queue
+    thread was woken first to send it; one whose batch was already in the queue waits for
+    neither. The slow_worker job with its workers made alike (10 runs quiet, 8 with both cores
+    kept busy): the next()s whose batch was there took 1.1-1.7 ms quiet and 2.6-3.5 ms busy
+    (means), those that waited 2.2-3.5 ms quiet, the stored ones 0.1 ms quiet and 0.7-1.1 ms busy.
+    The replay charges each its own. The planted job (worker 1 4x slower) receives only batches
+    it waited for, every other worker's being stored meanwhile: where fewer than
+    MIN_RECEIVED received batches were there at the ask, their cost is taken halfway
+    between the stored and the waited-for path (its 16 runs: 1.2-1.8 ms quiet, 1.9-2.9 ms busy).
+    Charged the waited-for cost (2.3-6.8 ms), as once, each next() of that job with its worker
+    fixed, the finding's prediction of it overshot its re-runs' training by 26-29 % on quiet runs
+    here, and by 68 % in a CI run whose planted run met a busier host."""
     if in_order:
         ends = pd.Series(fetch_end)
         earlier = ends.groupby(segment).cummax().groupby(segment).shift(1).to_numpy(dtype=np.float64)
@@ -565,21 +644,26 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     else:
         stored = np.zeros(len(fetch_end), dtype=bool)
     measured = np.isfinite(handover)
-    received = _mean(handover[measured & ~stored])
+    received = measured & ~stored
+    waited_for = received & (fetch_end > ask)
+    there = received & ~waited_for
+    everything = _mean(handover[received])
     stored_cost = _mean(handover[measured & stored])
-    waited = None
-    if in_order:
-        waited_for = measured & ~stored & (fetch_end > ask)
-        if np.count_nonzero(waited_for) >= MIN_WAITED_RECEIVED:
-            waited = _mean(handover[waited_for])
-        elif received is not None:
-            # Too few to average (a heavy tail): the received ones' hand-over per batch they took
-            # off the queue, theirs and the stored ones (a main process slower than its workers
-            # receives nearly every batch in a next() whose batch was there).
-            waited = float(np.sum(handover[measured & ~stored])) / np.count_nonzero(measured)
-    received = received if received is not None else delivery
-    return (received, stored_cost if stored_cost is not None else delivery_base,
-            waited if waited is not None else received)
+    stored_cost = stored_cost if stored_cost is not None else delivery_base
+    if np.count_nonzero(waited_for) >= MIN_RECEIVED:
+        waited = _mean(handover[waited_for])
+    elif everything is not None:
+        # Too few to average (a heavy tail): the received ones' hand-over per batch they took
+        # off the queue, theirs and the stored ones (a main process slower than its workers
+        # receives nearly every batch in a next() whose batch was there).
+        waited = float(np.sum(handover[received])) / np.count_nonzero(measured)
+    else:
+        waited = delivery
+    if np.count_nonzero(there) >= MIN_RECEIVED:
+        ready = _mean(handover[there])
+    else:
+        ready = (stored_cost + waited) / 2
+    return waited, ready, stored_cost, waited if in_order else (everything if everything is not None else delivery)
 
 
 def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers, prefetch, first_ask,
@@ -688,10 +772,18 @@ def replayed_rows(model: PipelineModel) -> np.ndarray:
 
 # --- the replay -----------------------------------------------------------------------------
 
-def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, received, stored, first) -> list[float]:
+def _idle_spared(idle, k: int, wait: float) -> float:
+    """The idle compute (_idle_compute) that the k-th next()'s replayed wait spares the step after
+    it: today's, in proportion to how much shorter than today's wait it is."""
+    excess, today = idle[0][k], idle[1][k]
+    return excess * (1.0 - wait / today) if excess and wait < today else 0.0
+
+
+def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, delivery, first, idle):
+    received, ready, stored = delivery
     free = list(ready_at)
     returned = []
-    waits = []
+    waits, spared = [], []
     now = 0.0
     latest = -np.inf  # the latest fetch end so far: a batch done before it was stored
     for b, (c, comp) in enumerate(zip(cost, compute)):
@@ -700,18 +792,28 @@ def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, received
         start = free[w] if free[w] > sent else sent
         done = start + c * speed[w]
         free[w] = done
-        back = (done if done > now else now) + (stored if done < latest else received)
+        if done < latest:
+            back = now + stored
+        elif done > now:
+            back = done + received
+        else:
+            back = now + ready
         if done > latest:
             latest = done
         waits.append(back - now)
         returned.append(back)
+        if idle is not None:
+            spared.append(_idle_spared(idle, b, back - now))
+            comp -= spared[-1]
         now = back + comp
-    return waits
+    return waits, spared
 
 
-def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, received, _stored, _first) -> list[float]:
-    # (`_stored`, `_first`: the in-order replay's signature; out of order no batch waits in the
-    # store, and a batch goes to whichever worker has room, not by its number)
+def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, delivery, _first, idle):
+    # (`_first`: the in-order replay's signature; out of order a batch goes to whichever worker
+    # has room, not by its number, and none waits in the store: every next() pays the one cost
+    # out of order, see _delivery_by_path)
+    received = delivery[0]
     free = list(ready_at)
     outstanding = [0] * workers
     cap = max(1, prefetch // workers)
@@ -739,8 +841,8 @@ def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, receive
     for _ in range(min(prefetch, n)):
         send(0.0)
     now = 0.0
-    waits = []
-    for comp in compute:  # the k-th next() returns whatever arrived first
+    waits, spared = [], []
+    for k, comp in enumerate(compute):  # the k-th next() returns whatever arrived first
         if not pending:
             break
         done, w = heapq.heappop(pending)
@@ -748,13 +850,26 @@ def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, receive
         waits.append(back - now)
         outstanding[w] -= 1
         send(back)
+        if idle is not None:
+            spared.append(_idle_spared(idle, k, back - now))
+            comp -= spared[-1]
         now = back + comp
-    return waits
+    return waits, spared
 
 
-def replay(model: PipelineModel, settings: Settings) -> float:
-    """The model's total wait (us) over all of the loader's batches under `settings`."""
-    return _total(model, replay_waits(model, settings))
+@dataclass(frozen=True)
+class Replayed:
+    """A replay's totals over all of the loader's batches (us)."""
+    wait_us: float
+    idle_spared_us: float  # the idle compute its waits spared (_idle_compute)
+
+
+def replay(model: PipelineModel, settings: Settings) -> Replayed:
+    """The model's total wait over all of the loader's batches under `settings`, and the idle
+    compute it spares."""
+    segments = _replay(model, settings)
+    return Replayed(_total(model, [(seg, waits) for seg, waits, _ in segments]),
+                    _total(model, [(seg, spared) for seg, _, spared in segments]))
 
 
 def _total(model: PipelineModel, waits: list[tuple[int, np.ndarray]]) -> float:
@@ -767,21 +882,34 @@ def _total(model: PipelineModel, waits: list[tuple[int, np.ndarray]]) -> float:
 def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndarray]]:
     """Per replayed segment, the model's wait of each next() under `settings` (in
     delivery order; in order that is the batch order)."""
+    return [(seg, waits) for seg, waits, _ in _replay(model, settings)]
+
+
+def _replay(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Per replayed segment, each next()'s wait under `settings` and the idle compute that wait
+    spares the step after it (empty where there is none to spare)."""
     workers = settings.num_workers
     sigma = model.cpu_stretch(max(workers, 1))
     cost_all = model.latency_base_us + model.cpu_base_us * sigma
-    if model.settings.num_workers:
-        delivery = (model.received_us if settings.in_order else model.out_of_order_us, model.stored_us)
+    if not model.settings.num_workers:
+        delivery = (DEFAULT_DELIVERY_US,) * 3
+    elif settings.in_order:
+        delivery = (model.received_us, model.ready_us, model.stored_us)
     else:
-        delivery = (DEFAULT_DELIVERY_US, DEFAULT_DELIVERY_US)
+        delivery = (model.out_of_order_us,) * 3
     speed = [float(model.speed[w]) if w < len(model.speed) else 1.0 for w in range(workers)]
     starts, stops = _replay_bounds(model)
     first_start = model.startup_us[0] if len(model.startup_us) else np.zeros(1)
+    if model.idle_compute_us > 0:
+        # Per batch: its idle compute (after a next() that waited, beyond each iterator's first
+        # round, as _idle_compute measured it) and today's wait.
+        idle_excess = np.where(_after_a_wait(model.wait_us, model.index, model.settings.num_workers,
+                                             model.delivery_us, model.mean_compute_us), model.idle_compute_us, 0.0)
     out = []
     for seg, lo, hi in zip(model.replay_segments.tolist(), starts.tolist(), stops.tolist()):
         cost = cost_all[lo:hi]
         if workers == 0:
-            out.append((seg, cost.copy()))
+            out.append((seg, cost.copy(), np.zeros(0)))
             continue
         first = int(model.index[lo])  # (not 0 where the recording began mid-epoch: rounds.py)
         fresh = (seg == 0 or not settings.persistent_workers) and first == 0
@@ -793,6 +921,8 @@ def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np
         if workers > len(ready_at):  # new workers start as today's do, on the median
             ready_at += [float(np.median(ready)) if len(ready) else 0.0] * (workers - len(ready_at))
         run = _replay_in_order if settings.in_order else _replay_any_order
-        out.append((seg, np.asarray(run(cost.tolist(), model.compute_us[lo:hi].tolist(), ready_at, speed,
-                                        workers, workers * settings.prefetch_factor, *delivery, first))))
+        idle = (idle_excess[lo:hi].tolist(), model.wait_us[lo:hi].tolist()) if model.idle_compute_us > 0 else None
+        waits, spared = run(cost.tolist(), model.compute_us[lo:hi].tolist(), ready_at, speed, workers,
+                            workers * settings.prefetch_factor, delivery, first, idle)
+        out.append((seg, np.asarray(waits), np.asarray(spared)))
     return out

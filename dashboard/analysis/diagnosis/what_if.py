@@ -4,7 +4,8 @@ A change is a dict of the settings the pipeline model replays: num_workers,
 prefetch_factor, in_order, persistent_workers. The prediction is the replay under the
 changed settings, scaled by today's measured wait over today's replay (see _calibrated);
 the compute between batches is the same (but for what persistent workers spare after each
-start), so training time falls by the seconds the wait does. A loader without a recorded worker
+start, and the slower steps after waits that the change shortens: pipeline._idle_compute), so
+training time falls by the seconds the wait does. A loader without a recorded worker
 count cannot be replayed: its prediction is None, and says why. predict_worker_as_fast predicts one
 change to the job itself: a slow worker made as fast as the others.
 """
@@ -16,7 +17,7 @@ import numpy as np
 
 from ...what_if_settings import validate
 from .budget import LoaderBudget
-from .pipeline import PipelineModel, replay
+from .pipeline import PipelineModel, Replayed, replay
 
 
 @dataclass
@@ -68,21 +69,27 @@ def predict_worker_as_fast(model: PipelineModel | None, budget: LoaderBudget, wo
     the others' median and calibrated as a setting's what-if: the other workers then set the
     pace, and where they barely keep up with the loop the wait falls by less than the imbalance
     part. (Re-runs of the slow_worker scenario with the worker fixed, 4 groups A B B A each way:
-    the part alone predicted 0.09-0.16 too little of training waiting, quiet and loaded; this
-    0.00-0.07, training 2 % under to 18 % over theirs. tests/test_diagnosis_scenarios.py re-runs
-    it.) Without fetch times a worker's slowness is known from its batches' waits alone, which
-    the model's inferred service times spread over every worker (a replay then saved nothing on
-    planted trials of a slow worker): the prediction is the budget's imbalance part taken off,
-    all the trial says (torch.profiler recordings, 2 workers, worker 1 15 ms a sample: the part
+    the part alone predicted 0.09-0.16 too little of training waiting, quiet and loaded. This,
+    over 10 such groups (6 quiet, 4 with two `yes`): 0.02-0.08 too little, and training 11 % under
+    to 28 % over theirs, where the planted runs' loop computed slower than the re-runs' between
+    its waits (see the README). tests/test_diagnosis_scenarios.py re-runs it.) Without fetch
+    times a worker's slowness is known from its batches' waits alone, which the model's inferred
+    service times spread over every worker (a replay then saved nothing on planted trials of a
+    slow worker): the prediction is the budget's imbalance part taken off, all the trial says (torch.profiler recordings, 2 workers, worker 1 15 ms a sample: the part
     108-110 ms, fixing it saved 90-107 ms)."""
     if model is not None and model.service_measured and 0 <= worker < len(model.speed) and len(model.speed) > 1:
         speed = model.speed.copy()
         speed[worker] = float(np.median(np.delete(speed, worker)))
-        wait = _calibrated(budget.wait_s * 1e6, model.today_us,
-                           replay(replaced(model, speed=speed), model.settings)) / 1e6
-    else:
-        wait = max(budget.wait_s - budget.parts["imbalance"], 0.0)
-    return _predicted(budget, wait)
+        return _replayed(model, budget, replay(replaced(model, speed=speed), model.settings))
+    return _predicted(budget, max(budget.wait_s - budget.parts["imbalance"], 0.0))
+
+
+def _replayed(model: PipelineModel, budget: LoaderBudget, changed: Replayed, compute_saved_s: float = 0.0) -> dict:
+    """The prediction from a replay of a change: its wait calibrated to today's, and the idle
+    compute its waits spare beyond what today's replay does (pipeline._idle_compute)."""
+    wait = _calibrated(budget.wait_s * 1e6, model.today_us, changed.wait_us) / 1e6
+    spared = max(changed.idle_spared_us - model.today_idle_saved_us, 0.0) / 1e6
+    return _predicted(budget, wait, compute_saved_s + spared)
 
 
 def _predicted(budget: LoaderBudget, wait_s: float, compute_saved_s: float = 0.0) -> dict:
@@ -99,12 +106,11 @@ def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> 
         return WhatIf(budget.node, budget.process, budget.loader, change, now, None,
                       "the trial does not record this loader's num_workers: it cannot be replayed")
     settings = model.settings.changed(change)
-    wait = _calibrated(budget.wait_s * 1e6, model.today_us, replay(model, settings)) / 1e6
     # Workers that start once also spare the main process's slower compute after each start.
     compute_saved = 0.0
     if settings.persistent_workers and not model.settings.persistent_workers and settings.num_workers:
         # (the starts after the first iterator's: its own, where the recording saw one, stays)
         compute_saved = model.startup_compute_us * int(model.recreated[1:].sum()) / 1e6
     note = "" if model.service_measured else "service times inferred from the main process's waits (an estimate)"
-    return WhatIf(budget.node, budget.process, budget.loader, change, now, _predicted(budget, wait, compute_saved),
-                  note)
+    return WhatIf(budget.node, budget.process, budget.loader, change, now,
+                  _replayed(model, budget, replay(model, settings), compute_saved), note)
