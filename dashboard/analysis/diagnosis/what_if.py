@@ -75,8 +75,9 @@ def predict_worker_as_fast(model: PipelineModel | None, budget: LoaderBudget, wo
     its waits (see the README). tests/test_diagnosis_scenarios.py re-runs it.) Without fetch
     times a worker's slowness is known from its batches' waits alone, which the model's inferred
     service times spread over every worker (a replay then saved nothing on planted trials of a
-    slow worker): the prediction is the budget's imbalance part taken off, all the trial says (torch.profiler recordings, 2 workers, worker 1 15 ms a sample: the part
-    108-110 ms, fixing it saved 90-107 ms)."""
+    slow worker): the prediction is the budget's imbalance part taken off, all the trial says
+    (torch.profiler recordings, 2 workers, worker 1 15 ms a sample: the part 108-110 ms, fixing
+    it saved 90-107 ms)."""
     if model is not None and model.service_measured and 0 <= worker < len(model.speed) and len(model.speed) > 1:
         speed = model.speed.copy()
         speed[worker] = float(np.median(np.delete(speed, worker)))
