@@ -751,7 +751,7 @@ def test_a_slow_worker_made_as_fast_as_the_others_saves_what_its_finding_predict
     # Measured (the module's table): training 0.98-1.18x the re-runs', waiting share within 0.07.
     # Since each next() whose batch is there is charged its own cost (pipeline._delivery_by_path) and
     # the step after a long wait its idle compute (pipeline._idle_compute), 10 groups (2026-12-06, 6
-    # quiet, 4 with two `yes`): training 0.89-1.28x, waiting share 0.02-0.08 under (the planted runs'
+    # quiet, 4 with two `yes`): training 0.90-1.28x, waiting share 0.02-0.08 under (the planted runs'
     # loop computed slower between its waits). Without either, a CI run whose first planted run met a
     # busier host (its waited-for next()s took 7 ms) missed by 1.68x.
     planted, *fixed, last = jobs.steady("slow_worker", as_fast, as_fast, again)

@@ -12,14 +12,17 @@ whatever arrives first. A worker serves its tasks one after another.
 What is inferred from a trial (per loader, per batch, in its iterator's order):
 - the worker of each batch: recorded (collector, reference) or b mod num_workers;
 - compute: the main process's time from one GetNext's end to the next one's start; the
-  last batch of an iterator gets the iterator's median (an estimate);
+  last batch of an iterator gets the iterator's median (an estimate). The step after a long
+  wait runs slower (its core idled: cold caches); where that stands out from the noise the
+  replay charges it for the wait it replays (see _idle_compute);
 - the delivery cost: what a GetNext costs when its batch is already there (unpickling,
   shared-memory tensors): the median wait of batches whose fetch ended before they were
   asked for (collector), else a low quantile of the waits, capped (an estimate). The replay
-  tells two kinds apart where the collector measured the fetches: a next() that takes its
-  batch from the result queue, and one that returns a batch stored earlier (in order, taken
-  off the queue while an earlier one was waited for): on a busy host the first costs a
-  round trip to the worker, the second nothing of the kind (see _delivery_by_path);
+  tells three kinds apart where the collector measured the fetches: a next() that waits for
+  its batch and takes it from the result queue, one whose batch was in the queue when it
+  asked, and one that returns a batch stored earlier (in order, taken off the queue while an
+  earlier one was waited for): on a busy host the first two cost a round trip to the worker,
+  the first also a wake-up, the third nothing of the kind (see _delivery_by_path);
 - the service time: the worker's fetch of that batch, where the collector recorded it
   (measured, with its CPU time). Without fetch events it is inferred: a batch that was
   waited for became ready at the end of its GetNext less the delivery cost, and its
@@ -145,11 +148,14 @@ class PipelineModel:
     # start of new workers (forking them slows the parent: copy-on-write faults, the new
     # processes taking the cores): what persistent workers also save, per start.
     startup_compute_us: float = 0.0
-    # The main process's compute after a next() that waited, beyond its compute after one whose
-    # batch was there (us; 0: none told from noise): see _idle_compute.
+    # How much longer the training loop's step after a long wait ran than its other steps (us; 0:
+    # none told from noise), and the median of those waits (see _idle_compute).
     idle_compute_us: float = 0.0
+    idle_wait_us: float = 0.0
+    # Per segment, its first batches (by number) whose compute _startup_compute counts.
+    startup_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     today_us: float = 0.0  # the replay's total wait under today's settings
-    today_idle_saved_us: float = 0.0  # ...and the idle compute its shorter waits spared
+    today_idle_us: float = 0.0  # ...and the idle compute it charges the steps (_idle_compute)
     # ...and per replayed segment, each next()'s (the budget's residual reads it; a compact
     # model drops it)
     today_waits: list = dataclasses.field(default_factory=list)
@@ -350,9 +356,10 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         # worker's queue thread pickles it and passes its shared memory, and on a worker
         # that computes in Python that thread first waits for the GIL the next sample holds
         # (the switch interval, 5 ms: with sys.setswitchinterval(0.0005) the cpu scenario's
-        # ready batches waited 1.2-2.5 ms instead of 6.1-6.6). The replay charges every
-        # batch the median (what a ready batch costs today); the short ones are the cost
-        # of delivery itself, which no change of the samples' work removes.
+        # ready batches waited 1.2-2.5 ms instead of 6.1-6.6). The median is what a ready
+        # batch costs today (the replay charges each kind of next() its own mean:
+        # _delivery_by_path); the short ones are the cost of delivery itself, which no change
+        # of the samples' work removes.
         delivery = _median(wait[ready_before]) if ready_before.any() else None
         if delivery is None:
             delivery = _delivery_from_waits(wait)
@@ -477,13 +484,15 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     del per_speed, base, cpu
     model.contention = contention
     model.startup_compute_us = startup_compute
-    model.idle_compute_us = (_idle_compute(compute, wait, index, workers, delivery, model.mean_compute_us)
-                             if workers else 0.0)
+    model.startup_rows = _startup_rows(segment, recreated, segments)
+    if workers:
+        model.idle_compute_us, model.idle_wait_us = _idle_compute(
+            compute, wait, index, segment, workers, model.startup_rows, delivery, model.mean_compute_us)
     model.replay_segments, model.replay_scale, model.replay_cap, model.replay_beyond = _sample(segment, segments)
     today = _replay(model, settings)
     model.today_waits = [(seg, waits) for seg, waits, _ in today]
     model.today_us = _total(model, model.today_waits)
-    model.today_idle_saved_us = _total(model, [(seg, spared) for seg, _, spared in today])
+    model.today_idle_us = _total(model, [(seg, charged) for seg, _, charged in today])
     return model
 
 
@@ -515,58 +524,79 @@ def _startup_compute(compute, segment, index, recreated) -> float:
     return float(np.maximum(by_position.to_numpy() - np.median(steady), 0.0).sum())
 
 
-# Steps needed on each side (after a wait, after a batch that was there) to tell the compute
-# after a wait from the other; about IDLE_SAMPLE steps are read, evenly (a median's noise at
-# that size is far below the effect).
-MIN_IDLE_STEPS = 10
+def _startup_rows(segment, recreated, segments) -> np.ndarray:
+    """Per segment, its first batches (by number) whose compute _startup_compute counts: the
+    first half of each iterator that started workers, where there are enough such to count."""
+    if recreated.sum() < MIN_STARTS_FOR_COMPUTE:
+        return np.zeros(segments, dtype=np.int64)
+    return np.where(recreated, np.bincount(segment, minlength=segments) // 2, 0)
+
+
+# Steps needed on each side (after a long wait, after the other waits) to tell their compute
+# apart: a median's standard error from its absolute deviation is an asymptotic one. Of a large
+# loader, IDLE_SAMPLE steps drawn at random are read (a median's noise at that size is far
+# below the effect; at random, not by a stride, which can fall in step with the waits' period:
+# a slow worker's every 4th batch).
+MIN_IDLE_STEPS = 20
 IDLE_SAMPLE = 100_000
 # One-sided, as SLOW_WORKER_P_VALUE (budget): the compute after a wait is slower, not faster.
 IDLE_P_VALUE = 0.01
+# ...and large enough to matter: of thousands of steps a shift of a few us is told from noise,
+# and charged over them all it would be seconds. The slow_worker job's: 10-40 % of its step.
+IDLE_MIN_SHARE = 0.05
 
 
-def _idle_compute(compute, wait, index, workers, delivery, mean_compute) -> float:
-    """How much longer the main process computed after a next() that waited than after one whose
-    batch was there (us): the difference of their medians, where it is told from noise (one-sided
-    test of the medians' difference against their standard error, from each side's median
-    absolute deviation), else 0. Each iterator's first round is left out: its start-up has its
-    own cost (_startup_compute).
+def _idle_compute(compute, wait, index, segment, workers, startup_rows, delivery,
+                  mean_compute) -> tuple[float, float]:
+    """How much longer the training loop's step after a long wait (longer than its mean step)
+    ran than its other steps (us), where that is told from noise (one-sided test of the
+    medians' difference against its standard error, each median's from its absolute deviation)
+    and is at least IDLE_MIN_SHARE of a step (and READY_SLACK_US), else 0; and the median of
+    those waits. The steps of each iterator's first round and those _startup_compute counts
+    are left out (_idle_steps).
 
     While the training loop sleeps in next(), its core idles or runs something else, and the
     step after it runs on cold caches. The slow_worker job (a 100 ms wait every 4 batches, the
     others stored): the step after the wait took 1.5-6 ms longer quiet than the steps between
-    (6-10 ms), about 1 ms longer with two `yes`; with its workers alike (waits of 1-30 ms) the
-    re-runs' steps after a wait were as long as the rest. A change that removes the waits
-    removes that too (the replay: in proportion to how much of each wait it removes); left out,
-    the prediction of that job with its worker fixed kept 0.05-0.11 s of compute its re-runs
-    did not spend."""
-    every = max(1, len(compute) // IDLE_SAMPLE)  # (strided views: no copy of 3M batches' arrays)
-    compute, wait, index = compute[::every], wait[::every], index[::every]
-    steady = index >= workers
-    blocked = _after_a_wait(wait, index, workers, delivery, mean_compute)
-    after_wait, after_ready = compute[blocked], compute[steady & ~blocked]
-    if min(len(after_wait), len(after_ready)) < MIN_IDLE_STEPS:
-        return 0.0
+    (6-10 ms), 1-4 ms longer with two `yes`; with its workers alike (waits of 1-30 ms) the
+    re-runs' steps after a wait were as long as the rest. The replay charges each step its
+    compute less this, plus this in proportion to its replayed wait up to the median long wait
+    (then in full; the job's steps after waits of 10-30 ms ran as the rest, so a 100 ms
+    threshold would do as well there); left out, the prediction of that job with its worker
+    fixed kept 0.05-0.15 s of compute its re-runs did not spend.
+
+    (A step that is slower for what its batch holds, a longer sequence that is also slower to
+    load, would show here too, and no change of the loader spares that: the test cannot tell
+    the two apart.)"""
+    n = len(compute)
+    if n > IDLE_SAMPLE:  # (seeded: the same trial gives the same answer)
+        rows = np.random.default_rng(0).integers(0, n, IDLE_SAMPLE)
+        compute, wait, index, segment = compute[rows], wait[rows], index[rows], segment[rows]
+    steps = _idle_steps(index, segment, workers, startup_rows)
+    long = steps & (wait > max(delivery + READY_SLACK_US, mean_compute))
+    after_wait, after_other = compute[long], compute[steps & ~long]
+    if min(len(after_wait), len(after_other)) < MIN_IDLE_STEPS:
+        return 0.0, 0.0
     # (scipy.special, not scipy.stats: see budget._slow_worker)
     from scipy.special import ndtr
 
-    medians = [float(np.median(side)) for side in (after_wait, after_ready)]
+    medians = [float(np.median(side)) for side in (after_wait, after_other)]
     # The median's standard error: sqrt(pi / 2) x sigma / sqrt(n), sigma 1.4826 x the MAD.
     errors = [1.2533 * 1.4826 * float(np.median(np.abs(side - m))) / np.sqrt(len(side))
-              for side, m in zip((after_wait, after_ready), medians)]
+              for side, m in zip((after_wait, after_other), medians)]
     shift = medians[0] - medians[1]
     error = float(np.hypot(*errors))
-    if shift <= 0 or error <= 0 or float(ndtr(-shift / error)) >= IDLE_P_VALUE:
-        return 0.0
-    return shift
+    if shift < max(READY_SLACK_US, IDLE_MIN_SHARE * medians[1]) or error <= 0 or (
+            float(ndtr(-shift / error)) >= IDLE_P_VALUE):
+        return 0.0, 0.0
+    return shift, float(np.median(wait[long]))
 
 
-def _after_a_wait(wait, index, workers, delivery, compute) -> np.ndarray:
-    """The batches whose next() waited longer than a step (the mean `compute`) and beyond the
-    delivery cost, each iterator's first round left out: those whose step after may run slower
-    for the wait (_idle_compute). (Shorter waits come and go with the host's speed, which slows
-    the step after them too: with both cores busy, the slow_worker job's re-runs with its
-    workers alike computed 2.5-4 ms longer after their 1-10 ms waits in 2 runs of 8.)"""
-    return (index >= workers) & (wait > max(delivery + READY_SLACK_US, compute))
+def _idle_steps(index, segment, workers, startup_rows) -> np.ndarray:
+    """The steps whose compute may carry idle compute (_idle_compute): each iterator's first
+    round left out, and the steps whose compute _startup_compute counts (what persistent
+    workers spare after each start: counted once)."""
+    return (index >= workers) & (index >= startup_rows[segment])
 
 
 def _delivery_from_waits(wait: np.ndarray) -> float:
@@ -604,7 +634,7 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     A batch is stored when its fetch ended before that of an earlier batch of its iterator
     (the queue is first in, first out); out of order none is.
 
-    The third, where every next() takes its own batch off the queue (out of order): in order,
+    The out-of-order cost, where every next() takes its own batch off the queue: in order,
     the mean hand-over of the received batches whose fetch ended after their next() had asked.
     A received batch that was ready at the ask pays also for the later batches queued ahead of
     it, which it takes off and stores (their own next() then costs the stored path's 0.2 ms);
@@ -627,16 +657,18 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
 
     In order, a next() that waited for its batch is woken when it arrives, and its worker's queue
     thread was woken first to send it; one whose batch was already in the queue waits for
-    neither. The slow_worker job with its workers made alike (10 runs quiet, 8 with both cores
-    kept busy): the next()s whose batch was there took 1.1-1.7 ms quiet and 2.6-3.5 ms busy
-    (means), those that waited 2.2-3.5 ms quiet, the stored ones 0.1 ms quiet and 0.7-1.1 ms busy.
-    The replay charges each its own. The planted job (worker 1 4x slower) receives only batches
-    it waited for, every other worker's being stored meanwhile: where fewer than
-    MIN_RECEIVED received batches were there at the ask, their cost is taken halfway
-    between the stored and the waited-for path (its 16 runs: 1.2-1.8 ms quiet, 1.9-2.9 ms busy).
-    Charged the waited-for cost (2.3-6.8 ms), as once, each next() of that job with its worker
-    fixed, the finding's prediction of it overshot its re-runs' training by 26-29 % on quiet runs
-    here, and by 68 % in a CI run whose planted run met a busier host."""
+    neither (but takes off and stores any later batches queued ahead of it: the hidden job's
+    above, 6.2-18.4 ms). The slow_worker job with its workers made alike (10 runs quiet, 8 with
+    both cores kept busy): the next()s whose batch was there took 1.1-1.7 ms quiet and 2.6-3.5 ms
+    busy (means), those that waited 2.2-3.5 ms quiet, the stored ones 0.1 ms quiet and 0.7-1.1 ms
+    busy. The replay charges each the mean of its kind (of the received ones, where fewer than
+    MIN_RECEIVED waited). The planted job (worker 1 4x slower) receives only batches it waited
+    for, every other worker's being stored meanwhile: where fewer than MIN_RECEIVED received
+    batches were there at the ask, their cost is taken halfway between the stored and the
+    waited-for path (its 16 runs: 1.2-1.8 ms quiet, 1.9-2.9 ms busy). Charged the waited-for cost
+    (2.3-6.8 ms), as once, each next() of that job with its worker fixed, the finding's
+    prediction of it overshot its re-runs' training by 26-29 % on quiet runs here, and by 68 %
+    in a CI run whose planted run met a busier host."""
     if in_order:
         ends = pd.Series(fetch_end)
         earlier = ends.groupby(segment).cummax().groupby(segment).shift(1).to_numpy(dtype=np.float64)
@@ -652,18 +684,22 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     stored_cost = stored_cost if stored_cost is not None else delivery_base
     if np.count_nonzero(waited_for) >= MIN_RECEIVED:
         waited = _mean(handover[waited_for])
-    elif everything is not None:
+    else:
+        waited = everything if everything is not None else delivery
+    if not in_order:  # every batch is received: their mean
+        out_of_order = everything if everything is not None else delivery
+    elif np.count_nonzero(waited_for) >= MIN_RECEIVED or everything is None:
+        out_of_order = waited
+    else:
         # Too few to average (a heavy tail): the received ones' hand-over per batch they took
         # off the queue, theirs and the stored ones (a main process slower than its workers
         # receives nearly every batch in a next() whose batch was there).
-        waited = float(np.sum(handover[received])) / np.count_nonzero(measured)
-    else:
-        waited = delivery
+        out_of_order = float(np.sum(handover[received])) / np.count_nonzero(measured)
     if np.count_nonzero(there) >= MIN_RECEIVED:
         ready = _mean(handover[there])
     else:
         ready = (stored_cost + waited) / 2
-    return waited, ready, stored_cost, waited if in_order else (everything if everything is not None else delivery)
+    return waited, ready, stored_cost, out_of_order
 
 
 def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers, prefetch, first_ask,
@@ -772,18 +808,19 @@ def replayed_rows(model: PipelineModel) -> np.ndarray:
 
 # --- the replay -----------------------------------------------------------------------------
 
-def _idle_spared(idle, k: int, wait: float) -> float:
-    """The idle compute (_idle_compute) that the k-th next()'s replayed wait spares the step after
-    it: today's, in proportion to how much shorter than today's wait it is."""
-    excess, today = idle[0][k], idle[1][k]
-    return excess * (1.0 - wait / today) if excess and wait < today else 0.0
+def _idle_charged(idle, k: int, wait: float) -> float:
+    """The idle compute (_idle_compute) the step after the k-th next() pays for its replayed
+    wait: in proportion to it, in full from the median long wait on. `idle`: per step, the
+    idle compute (0 for a step it does not apply to), and that median."""
+    excess, full_at = idle[0][k], idle[1]
+    return excess * (wait / full_at if wait < full_at else 1.0) if excess else 0.0
 
 
 def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, delivery, first, idle):
     received, ready, stored = delivery
     free = list(ready_at)
     returned = []
-    waits, spared = [], []
+    waits, charged = [], []
     now = 0.0
     latest = -np.inf  # the latest fetch end so far: a batch done before it was stored
     for b, (c, comp) in enumerate(zip(cost, compute)):
@@ -803,10 +840,10 @@ def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, delivery
         waits.append(back - now)
         returned.append(back)
         if idle is not None:
-            spared.append(_idle_spared(idle, b, back - now))
-            comp -= spared[-1]
+            charged.append(_idle_charged(idle, b, back - now))
+            comp += charged[-1]
         now = back + comp
-    return waits, spared
+    return waits, charged
 
 
 def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, delivery, _first, idle):
@@ -841,7 +878,7 @@ def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, deliver
     for _ in range(min(prefetch, n)):
         send(0.0)
     now = 0.0
-    waits, spared = [], []
+    waits, charged = [], []
     for k, comp in enumerate(compute):  # the k-th next() returns whatever arrived first
         if not pending:
             break
@@ -851,25 +888,25 @@ def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, deliver
         outstanding[w] -= 1
         send(back)
         if idle is not None:
-            spared.append(_idle_spared(idle, k, back - now))
-            comp -= spared[-1]
+            charged.append(_idle_charged(idle, k, back - now))
+            comp += charged[-1]
         now = back + comp
-    return waits, spared
+    return waits, charged
 
 
 @dataclass(frozen=True)
 class Replayed:
     """A replay's totals over all of the loader's batches (us)."""
     wait_us: float
-    idle_spared_us: float  # the idle compute its waits spared (_idle_compute)
+    idle_us: float  # the idle compute it charges the steps after its waits (_idle_compute)
 
 
 def replay(model: PipelineModel, settings: Settings) -> Replayed:
     """The model's total wait over all of the loader's batches under `settings`, and the idle
-    compute it spares."""
+    compute its waits cost."""
     segments = _replay(model, settings)
     return Replayed(_total(model, [(seg, waits) for seg, waits, _ in segments]),
-                    _total(model, [(seg, spared) for seg, _, spared in segments]))
+                    _total(model, [(seg, charged) for seg, _, charged in segments]))
 
 
 def _total(model: PipelineModel, waits: list[tuple[int, np.ndarray]]) -> float:
@@ -879,15 +916,10 @@ def _total(model: PipelineModel, waits: list[tuple[int, np.ndarray]]) -> float:
     return total * model.replay_scale
 
 
-def replay_waits(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndarray]]:
-    """Per replayed segment, the model's wait of each next() under `settings` (in
-    delivery order; in order that is the batch order)."""
-    return [(seg, waits) for seg, waits, _ in _replay(model, settings)]
-
-
 def _replay(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Per replayed segment, each next()'s wait under `settings` and the idle compute that wait
-    spares the step after it (empty where there is none to spare)."""
+    """Per replayed segment, each next()'s wait under `settings` (in delivery order; in order
+    that is the batch order), and the idle compute that wait costs the step after it (empty
+    where the model has none: _idle_compute)."""
     workers = settings.num_workers
     sigma = model.cpu_stretch(max(workers, 1))
     cost_all = model.latency_base_us + model.cpu_base_us * sigma
@@ -900,11 +932,6 @@ def _replay(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndar
     speed = [float(model.speed[w]) if w < len(model.speed) else 1.0 for w in range(workers)]
     starts, stops = _replay_bounds(model)
     first_start = model.startup_us[0] if len(model.startup_us) else np.zeros(1)
-    if model.idle_compute_us > 0:
-        # Per batch: its idle compute (after a next() that waited, beyond each iterator's first
-        # round, as _idle_compute measured it) and today's wait.
-        idle_excess = np.where(_after_a_wait(model.wait_us, model.index, model.settings.num_workers,
-                                             model.delivery_us, model.mean_compute_us), model.idle_compute_us, 0.0)
     out = []
     for seg, lo, hi in zip(model.replay_segments.tolist(), starts.tolist(), stops.tolist()):
         cost = cost_all[lo:hi]
@@ -921,8 +948,15 @@ def _replay(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndar
         if workers > len(ready_at):  # new workers start as today's do, on the median
             ready_at += [float(np.median(ready)) if len(ready) else 0.0] * (workers - len(ready_at))
         run = _replay_in_order if settings.in_order else _replay_any_order
-        idle = (idle_excess[lo:hi].tolist(), model.wait_us[lo:hi].tolist()) if model.idle_compute_us > 0 else None
-        waits, spared = run(cost.tolist(), model.compute_us[lo:hi].tolist(), ready_at, speed, workers,
-                            workers * settings.prefetch_factor, delivery, first, idle)
-        out.append((seg, np.asarray(waits), np.asarray(spared)))
+        compute, idle = model.compute_us[lo:hi], None
+        if model.idle_compute_us > 0:
+            # Each step's compute without the idle compute today's wait cost it; the replay charges
+            # it back for the replayed wait.
+            excess = np.where(_idle_steps(model.index[lo:hi], model.segment[lo:hi], model.settings.num_workers,
+                                          model.startup_rows), model.idle_compute_us, 0.0)
+            paid = excess * np.minimum(model.wait_us[lo:hi] / model.idle_wait_us, 1.0)
+            compute, idle = np.maximum(compute - paid, 0.0), (excess.tolist(), model.idle_wait_us)
+        waits, charged = run(cost.tolist(), compute.tolist(), ready_at, speed, workers,
+                             workers * settings.prefetch_factor, delivery, first, idle)
+        out.append((seg, np.asarray(waits), np.asarray(charged)))
     return out

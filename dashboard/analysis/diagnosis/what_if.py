@@ -70,7 +70,7 @@ def predict_worker_as_fast(model: PipelineModel | None, budget: LoaderBudget, wo
     pace, and where they barely keep up with the loop the wait falls by less than the imbalance
     part. (Re-runs of the slow_worker scenario with the worker fixed, 4 groups A B B A each way:
     the part alone predicted 0.09-0.16 too little of training waiting, quiet and loaded. This,
-    over 10 such groups (6 quiet, 4 with two `yes`): 0.02-0.08 too little, and training 11 % under
+    over 10 such groups (6 quiet, 4 with two `yes`): 0.02-0.08 too little, and training 10 % under
     to 28 % over theirs, where the planted runs' loop computed slower than the re-runs' between
     its waits (see the README). tests/test_diagnosis_scenarios.py re-runs it.) Without fetch
     times a worker's slowness is known from its batches' waits alone, which the model's inferred
@@ -87,15 +87,16 @@ def predict_worker_as_fast(model: PipelineModel | None, budget: LoaderBudget, wo
 
 def _replayed(model: PipelineModel, budget: LoaderBudget, changed: Replayed, compute_saved_s: float = 0.0) -> dict:
     """The prediction from a replay of a change: its wait calibrated to today's, and the idle
-    compute its waits spare beyond what today's replay does (pipeline._idle_compute)."""
+    compute of the steps after its waits against today's replay's (pipeline._idle_compute: less
+    where the change shortens long waits, more where it lengthens them)."""
     wait = _calibrated(budget.wait_s * 1e6, model.today_us, changed.wait_us) / 1e6
-    spared = max(changed.idle_spared_us - model.today_idle_saved_us, 0.0) / 1e6
-    return _predicted(budget, wait, compute_saved_s + spared)
+    return _predicted(budget, wait, compute_saved_s + (model.today_idle_us - changed.idle_us) / 1e6)
 
 
 def _predicted(budget: LoaderBudget, wait_s: float, compute_saved_s: float = 0.0) -> dict:
     """A prediction from the loader's predicted wait: the compute between batches stays (but for
-    `compute_saved_s`), so training falls by the seconds the wait does."""
+    `compute_saved_s`, less where a change costs compute), so training falls by the seconds the
+    wait does."""
     training = max(budget.training_s - (budget.wait_s - wait_s) - compute_saved_s, 1e-9)
     return {"wait_fraction": _fraction(wait_s, training), "training_s": round(training, 6)}
 
