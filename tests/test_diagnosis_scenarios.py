@@ -330,7 +330,8 @@ CONTENTION_THROUGHPUT_TOLERANCE = 0.35
 # queueing for a core (pipeline.PipelineModel.cpu_stretch), and one run's out-of-order cost was
 # the mean of 3 hand-overs (pipeline.MIN_RECEIVED). With both fixed, the file run quiet:
 # a gain of 0.63 s (the wait 0.10 s of it), savings -0.22, +0.14, +0.19 and +0.07 s: the main
-# process computes faster out of order, which the prediction leaves out. The change is now
+# process computes faster out of order, which the prediction then left out (it now counts the
+# slower step after each long wait: pipeline._idle_compute). The change is now
 # proposed unless predicted slower beyond what the out-of-order cost's spread allows, saying so
 # within it (findings/imbalance.py): that file run again, 4 of 4 proposed it twice (re-runs'
 # gains 0.24 and 0.16 s, their waits 0.04 and 0.07 s longer).

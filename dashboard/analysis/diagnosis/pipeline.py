@@ -106,7 +106,7 @@ class PipelineModel:
     # took it from the result queue, one whose batch was in the queue when it asked, and one whose
     # batch the main process took off the queue earlier (while it waited for an earlier batch)
     # and stored; out of order, each taking its own batch off the queue (see _delivery_by_path).
-    received_us: float
+    waited_us: float
     ready_us: float
     stored_us: float
     out_of_order_us: float
@@ -149,13 +149,14 @@ class PipelineModel:
     # processes taking the cores): what persistent workers also save, per start.
     startup_compute_us: float = 0.0
     # How much longer the training loop's step after a long wait ran than its other steps (us; 0:
-    # none told from noise), and the median of those waits (see _idle_compute).
+    # none told from noise), and the median of those waits, from which a step pays it in full
+    # (see _idle_compute).
     idle_compute_us: float = 0.0
-    idle_wait_us: float = 0.0
+    idle_full_wait_us: float = 0.0
     # Per segment, its first batches (by number) whose compute _startup_compute counts.
     startup_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     today_us: float = 0.0  # the replay's total wait under today's settings
-    today_idle_us: float = 0.0  # ...and the idle compute it charges the steps (_idle_compute)
+    today_idle_charged_us: float = 0.0  # ...and the idle compute it charges the steps (_idle_compute)
     # ...and per replayed segment, each next()'s (the budget's residual reads it; a compact
     # model drops it)
     today_waits: list = dataclasses.field(default_factory=list)
@@ -343,7 +344,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     measured = False
     if not workers:  # the main process loads each batch inside next()
         service = wait.copy()
-        delivery = delivery_base = received = ready_cost = stored_cost = out_of_order = 0.0
+        delivery = delivery_base = waited = ready_cost = stored_cost = out_of_order = 0.0
     elif matched is not None and matched["duration_us"].notna().mean() >= 0.5:
         fetch_start = matched["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
         fetch_end = matched["end_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -351,7 +352,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         cpu = matched["cpu_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
         runq = matched["runq_us"].to_numpy(dtype=np.float64, na_value=np.nan).copy()
         ready_before = np.isfinite(fetch_end) & (fetch_end <= ask)
-        handover = np.clip(ret - np.fmax(ask, fetch_end), 0.0, wait)  # NaN where no fetch matched
+        # (np.maximum, not fmax: NaN where no fetch matched, where fmax gave the whole wait)
+        handover = np.clip(ret - np.maximum(ask, fetch_end), 0.0, wait)
         # A batch whose fetch had ended before the ask still waits for its hand-over: the
         # worker's queue thread pickles it and passes its shared memory, and on a worker
         # that computes in Python that thread first waits for the GIL the next sample holds
@@ -366,7 +368,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
             delivery_base = delivery
         else:
             delivery_base = min(delivery, _delivery_from_waits(wait[ready_before]))
-        received, ready_cost, stored_cost, out_of_order = _delivery_by_path(
+        waited, ready_cost, stored_cost, out_of_order = _delivery_by_path(
             segment, fetch_end, ask, handover, settings.in_order, delivery, delivery_base)
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
@@ -386,7 +388,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     else:
         # Without fetch events a next() cannot be told to have taken its batch from the queue
         # or from the stored ones: every one is charged the same.
-        delivery = delivery_base = received = ready_cost = stored_cost = out_of_order = _delivery_from_waits(wait)
+        delivery = delivery_base = waited = ready_cost = stored_cost = out_of_order = _delivery_from_waits(wait)
     if workers and not measured:
         service, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
@@ -448,7 +450,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
 
     model = PipelineModel(
         settings=settings, delivery_us=float(delivery), delivery_base_us=float(delivery_base),
-        received_us=float(received), ready_us=float(ready_cost), stored_us=float(stored_cost),
+        waited_us=float(waited), ready_us=float(ready_cost), stored_us=float(stored_cost),
         out_of_order_us=float(out_of_order),
         service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
@@ -486,13 +488,13 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     model.startup_compute_us = startup_compute
     model.startup_rows = _startup_rows(segment, recreated, segments)
     if workers:
-        model.idle_compute_us, model.idle_wait_us = _idle_compute(
+        model.idle_compute_us, model.idle_full_wait_us = _idle_compute(
             compute, wait, index, segment, workers, model.startup_rows, delivery, model.mean_compute_us)
     model.replay_segments, model.replay_scale, model.replay_cap, model.replay_beyond = _sample(segment, segments)
     today = _replay(model, settings)
     model.today_waits = [(seg, waits) for seg, waits, _ in today]
-    model.today_us = _total(model, model.today_waits)
-    model.today_idle_us = _total(model, [(seg, charged) for seg, _, charged in today])
+    totals = _totals(model, today)
+    model.today_us, model.today_idle_charged_us = totals.wait_us, totals.idle_charged_us
     return model
 
 
@@ -541,8 +543,8 @@ MIN_IDLE_STEPS = 20
 IDLE_SAMPLE = 100_000
 # One-sided, as SLOW_WORKER_P_VALUE (budget): the compute after a wait is slower, not faster.
 IDLE_P_VALUE = 0.01
-# ...and large enough to matter: of thousands of steps a shift of a few us is told from noise,
-# and charged over them all it would be seconds. The slow_worker job's: 10-40 % of its step.
+# ...and large enough to matter: of 100,000 steps a shift of tens of us is told from noise, and
+# charged over millions of steps it would be seconds. The slow_worker job's: 14-50 % of its step.
 IDLE_MIN_SHARE = 0.05
 
 
@@ -553,26 +555,29 @@ def _idle_compute(compute, wait, index, segment, workers, startup_rows, delivery
     medians' difference against its standard error, each median's from its absolute deviation)
     and is at least IDLE_MIN_SHARE of a step (and READY_SLACK_US), else 0; and the median of
     those waits. The steps of each iterator's first round and those _startup_compute counts
-    are left out (_idle_steps).
+    are left out (_idle_steps), and its last (its compute is an estimate: see build).
 
     While the training loop sleeps in next(), its core idles or runs something else, and the
     step after it runs on cold caches. The slow_worker job (a 100 ms wait every 4 batches, the
     others stored): the step after the wait took 1.5-6 ms longer quiet than the steps between
     (6-10 ms), 1-4 ms longer with two `yes`; with its workers alike (waits of 1-30 ms) the
-    re-runs' steps after a wait were as long as the rest. The replay charges each step its
-    compute less this, plus this in proportion to its replayed wait up to the median long wait
-    (then in full; the job's steps after waits of 10-30 ms ran as the rest, so a 100 ms
-    threshold would do as well there); left out, the prediction of that job with its worker
-    fixed kept 0.05-0.15 s of compute its re-runs did not spend.
+    re-runs' steps after a wait were as long as the rest. The replay takes off each step what
+    today's wait cost it and charges what its replayed wait costs: this in proportion to the
+    wait up to the median long wait, in full beyond (_idle_charged; the job's steps after waits
+    of 10-30 ms ran as the rest, so a 100 ms threshold would do as well there). Left out, the
+    prediction of that job with its worker fixed kept 0.05-0.15 s of compute its re-runs did
+    not spend. (Its replayed waits are not calibrated as the wait is: where today's replay
+    falls short of today's long waits, it charges them less than they cost.)
 
     (A step that is slower for what its batch holds, a longer sequence that is also slower to
     load, would show here too, and no change of the loader spares that: the test cannot tell
     the two apart.)"""
     n = len(compute)
-    if n > IDLE_SAMPLE:  # (seeded: the same trial gives the same answer)
-        rows = np.random.default_rng(0).integers(0, n, IDLE_SAMPLE)
-        compute, wait, index, segment = compute[rows], wait[rows], index[rows], segment[rows]
-    steps = _idle_steps(index, segment, workers, startup_rows)
+    last = np.r_[segment[1:] != segment[:-1], True] if n else np.zeros(0, dtype=bool)
+    if n > IDLE_SAMPLE:  # (without replacement, which would shrink the medians' error; seeded)
+        rows = np.flatnonzero(np.random.default_rng(0).random(n, dtype=np.float32) < IDLE_SAMPLE / n)
+        compute, wait, index, segment, last = compute[rows], wait[rows], index[rows], segment[rows], last[rows]
+    steps = _idle_steps(index, segment, workers, startup_rows) & ~last
     long = steps & (wait > max(delivery + READY_SLACK_US, mean_compute))
     after_wait, after_other = compute[long], compute[steps & ~long]
     if min(len(after_wait), len(after_other)) < MIN_IDLE_STEPS:
@@ -586,8 +591,8 @@ def _idle_compute(compute, wait, index, segment, workers, startup_rows, delivery
               for side, m in zip((after_wait, after_other), medians)]
     shift = medians[0] - medians[1]
     error = float(np.hypot(*errors))
-    if shift < max(READY_SLACK_US, IDLE_MIN_SHARE * medians[1]) or error <= 0 or (
-            float(ndtr(-shift / error)) >= IDLE_P_VALUE):
+    if shift < max(READY_SLACK_US, IDLE_MIN_SHARE * medians[1]) or (
+            error > 0 and float(ndtr(-shift / error)) >= IDLE_P_VALUE):
         return 0.0, 0.0
     return shift, float(np.median(wait[long]))
 
@@ -658,16 +663,17 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     In order, a next() that waited for its batch is woken when it arrives, and its worker's queue
     thread was woken first to send it; one whose batch was already in the queue waits for
     neither (but takes off and stores any later batches queued ahead of it: the hidden job's
-    above, 6.2-18.4 ms). The slow_worker job with its workers made alike (10 runs quiet, 8 with
-    both cores kept busy): the next()s whose batch was there took 1.1-1.7 ms quiet and 2.6-3.5 ms
-    busy (means), those that waited 2.2-3.5 ms quiet, the stored ones 0.1 ms quiet and 0.7-1.1 ms
-    busy. The replay charges each the mean of its kind (of the received ones, where fewer than
+    above, 6.2-18.4 ms). The slow_worker job with its workers made alike (12 runs quiet, 8 with
+    both cores kept busy): the next()s whose batch was there took 1.1-1.7 ms quiet (2.7 and 3.6
+    ms in two runs on a busier moment) and 2.6-3.5 ms busy (means), those that waited 2.2-3.5 ms
+    quiet, the stored ones 0.1 ms quiet and 0.7-1.1 ms busy. The replay charges each the mean of its kind (of the received ones, where fewer than
     MIN_RECEIVED waited). The planted job (worker 1 4x slower) receives only batches it waited
     for, every other worker's being stored meanwhile: where fewer than MIN_RECEIVED received
     batches were there at the ask, their cost is taken halfway between the stored and the
-    waited-for path (its 16 runs: 1.2-1.8 ms quiet, 1.9-2.9 ms busy). Charged the waited-for cost
+    waited-for path (its 20 runs: 1.2-1.8 ms quiet, 3.5 ms on the busier moment, 1.9-2.9 ms
+    busy). Charged the waited-for cost
     (2.3-6.8 ms), as once, each next() of that job with its worker fixed, the finding's
-    prediction of it overshot its re-runs' training by 26-29 % on quiet runs here, and by 68 %
+    prediction of it overshot its re-runs' training by 26-29 % (group means, quiet) here, and by 68 %
     in a CI run whose planted run met a busier host."""
     if in_order:
         ends = pd.Series(fetch_end)
@@ -679,16 +685,16 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     received = measured & ~stored
     waited_for = received & (fetch_end > ask)
     there = received & ~waited_for
-    everything = _mean(handover[received])
+    received_mean = _mean(handover[received])
     stored_cost = _mean(handover[measured & stored])
     stored_cost = stored_cost if stored_cost is not None else delivery_base
     if np.count_nonzero(waited_for) >= MIN_RECEIVED:
         waited = _mean(handover[waited_for])
     else:
-        waited = everything if everything is not None else delivery
+        waited = received_mean if received_mean is not None else delivery
     if not in_order:  # every batch is received: their mean
-        out_of_order = everything if everything is not None else delivery
-    elif np.count_nonzero(waited_for) >= MIN_RECEIVED or everything is None:
+        out_of_order = received_mean if received_mean is not None else delivery
+    elif np.count_nonzero(waited_for) >= MIN_RECEIVED or received_mean is None:
         out_of_order = waited
     else:
         # Too few to average (a heavy tail): the received ones' hand-over per batch they took
@@ -809,9 +815,9 @@ def replayed_rows(model: PipelineModel) -> np.ndarray:
 # --- the replay -----------------------------------------------------------------------------
 
 def _idle_charged(idle, k: int, wait: float) -> float:
-    """The idle compute (_idle_compute) the step after the k-th next() pays for its replayed
-    wait: in proportion to it, in full from the median long wait on. `idle`: per step, the
-    idle compute (0 for a step it does not apply to), and that median."""
+    """The idle compute (_idle_compute) the step after the k-th next() pays for its wait: in
+    proportion to it, in full from the median long wait on. `idle`: per step, the idle compute
+    (0 for a step it does not apply to), and that median."""
     excess, full_at = idle[0][k], idle[1]
     return excess * (wait / full_at if wait < full_at else 1.0) if excess else 0.0
 
@@ -898,20 +904,25 @@ def _replay_any_order(cost, compute, ready_at, speed, workers, prefetch, deliver
 class Replayed:
     """A replay's totals over all of the loader's batches (us)."""
     wait_us: float
-    idle_us: float  # the idle compute it charges the steps after its waits (_idle_compute)
+    idle_charged_us: float  # the idle compute it charges the steps after its waits (_idle_compute)
 
 
 def replay(model: PipelineModel, settings: Settings) -> Replayed:
     """The model's total wait over all of the loader's batches under `settings`, and the idle
     compute its waits cost."""
-    segments = _replay(model, settings)
+    return _totals(model, _replay(model, settings))
+
+
+def _totals(model: PipelineModel, segments: list[tuple[int, np.ndarray, np.ndarray]]) -> Replayed:
     return Replayed(_total(model, [(seg, waits) for seg, waits, _ in segments]),
                     _total(model, [(seg, charged) for seg, _, charged in segments]))
 
 
-def _total(model: PipelineModel, waits: list[tuple[int, np.ndarray]]) -> float:
+def _total(model: PipelineModel, per_segment: list[tuple[int, np.ndarray]]) -> float:
+    """All batches' total of a per-next() measure of the replayed segments (their batches beyond
+    the cap as their second half's mean, the segments not replayed by the scale)."""
     total = 0.0
-    for (_, w), beyond in zip(waits, model.replay_beyond.tolist()):
+    for (_, w), beyond in zip(per_segment, model.replay_beyond.tolist()):
         total += float(np.sum(w)) + (beyond * float(np.mean(w[len(w) // 2:])) if beyond and len(w) else 0.0)
     return total * model.replay_scale
 
@@ -926,7 +937,7 @@ def _replay(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndar
     if not model.settings.num_workers:
         delivery = (DEFAULT_DELIVERY_US,) * 3
     elif settings.in_order:
-        delivery = (model.received_us, model.ready_us, model.stored_us)
+        delivery = (model.waited_us, model.ready_us, model.stored_us)
     else:
         delivery = (model.out_of_order_us,) * 3
     speed = [float(model.speed[w]) if w < len(model.speed) else 1.0 for w in range(workers)]
@@ -935,8 +946,19 @@ def _replay(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndar
     out = []
     for seg, lo, hi in zip(model.replay_segments.tolist(), starts.tolist(), stops.tolist()):
         cost = cost_all[lo:hi]
+        compute, idle, paid = model.compute_us[lo:hi], None, np.zeros(0)
+        if model.idle_compute_us > 0:
+            # Each step's compute without the idle compute today's wait cost it; the replay charges
+            # it back for the replayed wait.
+            excess = np.where(_idle_steps(model.index[lo:hi], model.segment[lo:hi], model.settings.num_workers,
+                                          model.startup_rows), model.idle_compute_us, 0.0)
+            idle = (excess.tolist(), model.idle_full_wait_us)
+            paid = np.array([_idle_charged(idle, k, wait) for k, wait in enumerate(model.wait_us[lo:hi].tolist())])
+            compute = np.maximum(compute - paid, 0.0)
         if workers == 0:
-            out.append((seg, cost.copy(), np.zeros(0)))
+            # The training process loads each batch itself: it never idles in next(), and the model
+            # knows nothing of what its own loading costs its steps. Today's charge stays.
+            out.append((seg, cost.copy(), paid))
             continue
         first = int(model.index[lo])  # (not 0 where the recording began mid-epoch: rounds.py)
         fresh = (seg == 0 or not settings.persistent_workers) and first == 0
@@ -948,14 +970,6 @@ def _replay(model: PipelineModel, settings: Settings) -> list[tuple[int, np.ndar
         if workers > len(ready_at):  # new workers start as today's do, on the median
             ready_at += [float(np.median(ready)) if len(ready) else 0.0] * (workers - len(ready_at))
         run = _replay_in_order if settings.in_order else _replay_any_order
-        compute, idle = model.compute_us[lo:hi], None
-        if model.idle_compute_us > 0:
-            # Each step's compute without the idle compute today's wait cost it; the replay charges
-            # it back for the replayed wait.
-            excess = np.where(_idle_steps(model.index[lo:hi], model.segment[lo:hi], model.settings.num_workers,
-                                          model.startup_rows), model.idle_compute_us, 0.0)
-            paid = excess * np.minimum(model.wait_us[lo:hi] / model.idle_wait_us, 1.0)
-            compute, idle = np.maximum(compute - paid, 0.0), (excess.tolist(), model.idle_wait_us)
         waits, charged = run(cost.tolist(), compute.tolist(), ready_at, speed, workers,
                              workers * settings.prefetch_factor, delivery, first, idle)
         out.append((seg, np.asarray(waits), np.asarray(charged)))

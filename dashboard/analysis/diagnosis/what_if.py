@@ -4,7 +4,8 @@ A change is a dict of the settings the pipeline model replays: num_workers,
 prefetch_factor, in_order, persistent_workers. The prediction is the replay under the
 changed settings, scaled by today's measured wait over today's replay (see _calibrated);
 the compute between batches is the same (but for what persistent workers spare after each
-start, and the slower steps after waits that the change shortens: pipeline._idle_compute), so
+start, and the slower steps after long waits that the change shortens or lengthens:
+pipeline._idle_compute), so
 training time falls by the seconds the wait does. A loader without a recorded worker
 count cannot be replayed: its prediction is None, and says why. predict_worker_as_fast predicts one
 change to the job itself: a slow worker made as fast as the others.
@@ -81,16 +82,16 @@ def predict_worker_as_fast(model: PipelineModel | None, budget: LoaderBudget, wo
     if model is not None and model.service_measured and 0 <= worker < len(model.speed) and len(model.speed) > 1:
         speed = model.speed.copy()
         speed[worker] = float(np.median(np.delete(speed, worker)))
-        return _replayed(model, budget, replay(replaced(model, speed=speed), model.settings))
+        return _from_replay(model, budget, replay(replaced(model, speed=speed), model.settings))
     return _predicted(budget, max(budget.wait_s - budget.parts["imbalance"], 0.0))
 
 
-def _replayed(model: PipelineModel, budget: LoaderBudget, changed: Replayed, compute_saved_s: float = 0.0) -> dict:
+def _from_replay(model: PipelineModel, budget: LoaderBudget, changed: Replayed, compute_saved_s: float = 0.0) -> dict:
     """The prediction from a replay of a change: its wait calibrated to today's, and the idle
     compute of the steps after its waits against today's replay's (pipeline._idle_compute: less
     where the change shortens long waits, more where it lengthens them)."""
     wait = _calibrated(budget.wait_s * 1e6, model.today_us, changed.wait_us) / 1e6
-    return _predicted(budget, wait, compute_saved_s + (model.today_idle_us - changed.idle_us) / 1e6)
+    return _predicted(budget, wait, compute_saved_s + (model.today_idle_charged_us - changed.idle_charged_us) / 1e6)
 
 
 def _predicted(budget: LoaderBudget, wait_s: float, compute_saved_s: float = 0.0) -> dict:
@@ -115,4 +116,4 @@ def predict(model: PipelineModel | None, budget: LoaderBudget, change: dict) -> 
         compute_saved = model.startup_compute_us * int(model.recreated[1:].sum()) / 1e6
     note = "" if model.service_measured else "service times inferred from the main process's waits (an estimate)"
     return WhatIf(budget.node, budget.process, budget.loader, change, now,
-                  _replayed(model, budget, replay(model, settings), compute_saved), note)
+                  _from_replay(model, budget, replay(model, settings), compute_saved), note)

@@ -26,7 +26,8 @@ def find(ctx: LoaderContext) -> list[Recommendation]:
     # partly hidden, beside two busy processes, in three suite runs of 4 planted runs and 4
     # out-of-order re-runs: the re-runs trained 0.78, 0.63 and 0.56 s faster (means), of which
     # the wait 0.25, 0.10 and 0.34 s, the main process computing the rest faster, which the model
-    # leaves out; the planted runs predicted savings of -0.18 to +0.65 s, -0.22 to +0.19 s and
+    # then left out (it now counts the slower step after each long wait: pipeline._idle_compute);
+    # the planted runs predicted savings of -0.18 to +0.65 s, -0.22 to +0.19 s and
     # -0.06 to +0.78 s (the second and third with the replay charging the fetches' queueing:
     # PipelineModel.cpu_stretch), and 2 of 4 cleared the finding's bar (0.1 s) in each, which
     # then decided: "would not help" where the re-runs gained.
