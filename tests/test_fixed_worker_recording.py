@@ -30,7 +30,8 @@ PLANTED = RECORDINGS / "slow_worker_busy_moment"
 RERUN = RECORDINGS / "slow_worker_fixed_rerun"
 # Where the planted run received too few batches that were there (its own cost is the midpoint
 # of the stored and the waited-for path): against the fixed runs' books' mean hand-over, of every
-# next(), stored ones (0.1-0.2 ms) among them. Over 18 runs (10 quiet, 8 busy) 0.75-1.4x.
+# next(), stored ones (0.1-0.2 ms) among them. Over 20 planted runs (12 quiet, 8 busy), each against
+# the mean of the two fixed runs of its A B B A group: 0.60-1.29x.
 READY_COST_SPREAD = 0.5
 # Where the trial measured them (the re-run: 130 of 144): against the books' mean of the next()s
 # whose batch was collated before they asked, which counts the stored ones too (12 here, 0.7 ms).
