@@ -184,6 +184,12 @@ CPU_GAIN_TOLERANCE = 0.20
 # ratios 0.46, 0.64, 0.79 and 0.80 (the books' ready batches' means fell further, 15-20 ms ->
 # 5.5-6.5 ms; the finding names their median). Drawn from those 8 runs each way, the mean of 2
 # runs each way passed 0.7 in 60 % of draws; the mean of 4, 0.9 in 99 % (0.85: 95 %).
+# That hand-over was the median of every batch there at the ask, stored ones too, which flips
+# with their share: a loaded suite run (2026-12-06) failed at 1.18 (planted 0.15, 5.7, 5.3 and
+# 9.4 ms, cheaper 4.6-7.2 ms) while the books' hand-overs fell from 12-21 ms to 6-8 ms (medians).
+# It is now the mean of those taken from the queue (pipeline.PipelineModel.handoff_us): those
+# runs' planted 19-38 ms, cheaper 7.8-9.2 ms (ratio 0.31); quiet, 2 groups: 21-26 ms against
+# 5.0-6.2 ms (0.24 and 0.25), where the median gave 0.84 and 0.77.
 HANDOFF_CHEAPER_SPIN = "10000"
 HANDOFF_RUNS = 4
 HANDOFF_RATIO_MAX = 0.9

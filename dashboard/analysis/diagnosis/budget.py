@@ -298,7 +298,7 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
                 "num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
                 "in_order": loader.in_order, "persistent_workers": loader.persistent,
                 "delivery_s": round(model.delivery_us / 1e6, 6),
-                "handoff_s": round((model.delivery_us - model.delivery_base_us) / 1e6, 6),
+                "handoff_s": round(model.handoff_us / 1e6, 6),
                 "median_compute_s": round(float(np.median(model.compute_us)) / 1e6, 6) if len(g) else None,
                 "service_measured": model.service_measured, "cpu_percent": None if util is None else round(util, 1),
                 "cores": process.cores}
