@@ -673,8 +673,8 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     above, 6.2-18.4 ms). The slow_worker job with its workers made alike (12 runs quiet, 8 with
     both cores kept busy): the next()s whose batch was there took 1.1-1.7 ms quiet (2.7 and 3.6
     ms in two runs on a busier moment) and 2.6-3.5 ms busy (means), those that waited 2.2-3.5 ms
-    quiet, the stored ones 0.1 ms quiet and 0.7-1.1 ms busy. The replay charges each the mean of its kind (of the received ones, where fewer than
-    MIN_RECEIVED waited). The planted job (worker 1 4x slower) receives only batches it waited
+    quiet, the stored ones 0.1 ms quiet and 0.7-1.1 ms busy. The replay charges each the mean of
+    its kind (of the received ones, where fewer than MIN_RECEIVED waited). The planted job (worker 1 4x slower) receives only batches it waited
     for, every other worker's being stored meanwhile: where fewer than MIN_RECEIVED received
     batches were there at the ask, their cost is taken halfway between the stored and the
     waited-for path (its 20 runs: 1.2-1.8 ms quiet, 3.5 ms on the busier moment, 1.9-2.9 ms
