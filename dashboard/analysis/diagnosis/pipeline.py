@@ -674,11 +674,11 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
     both cores kept busy): the next()s whose batch was there took 1.1-1.7 ms quiet (2.7 and 3.6
     ms in two runs on a busier moment) and 2.6-3.5 ms busy (means), those that waited 2.2-3.5 ms
     quiet, the stored ones 0.1 ms quiet and 0.7-1.1 ms busy. The replay charges each the mean of
-    its kind (of the received ones, where fewer than MIN_RECEIVED waited). The planted job (worker 1 4x slower) receives only batches it waited
-    for, every other worker's being stored meanwhile: where fewer than MIN_RECEIVED received
-    batches were there at the ask, their cost is taken halfway between the stored and the
-    waited-for path (its 20 runs: 1.2-1.8 ms quiet, 3.5 ms on the busier moment, 1.9-2.9 ms
-    busy). Charged the waited-for cost
+    its kind (of the received ones, where fewer than MIN_RECEIVED waited). The planted job
+    (worker 1 4x slower) receives only batches it waited for, every other worker's being stored
+    meanwhile: where fewer than MIN_RECEIVED received batches were there at the ask, their cost
+    is taken halfway between the stored and the waited-for path (its 20 runs: 1.2-1.8 ms quiet,
+    3.5 ms on the busier moment, 1.9-2.9 ms busy). Charged the waited-for cost
     (2.3-6.8 ms), as once, each next() of that job with its worker fixed, the finding's
     prediction of it overshot its re-runs' training by 26-29 % (group means, quiet) here, and by 68 %
     in a CI run whose planted run met a busier host.

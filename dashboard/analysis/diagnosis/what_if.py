@@ -5,10 +5,10 @@ prefetch_factor, in_order, persistent_workers. The prediction is the replay unde
 changed settings, scaled by today's measured wait over today's replay (see _calibrated);
 the compute between batches is the same (but for what persistent workers spare after each
 start, and the slower steps after long waits that the change shortens or lengthens:
-pipeline._idle_compute), so
-training time falls by the seconds the wait does. A loader without a recorded worker
-count cannot be replayed: its prediction is None, and says why. predict_worker_as_fast predicts one
-change to the job itself: a slow worker made as fast as the others.
+pipeline._idle_compute), so training time falls by the seconds the wait does. A loader without a
+recorded worker count cannot be replayed: its prediction is None, and says why.
+predict_worker_as_fast predicts one change to the job itself: a slow worker made as fast as the
+others.
 """
 from __future__ import annotations
 
