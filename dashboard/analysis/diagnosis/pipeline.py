@@ -338,7 +338,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     del recorded
     # Before the model's own per-batch arrays exist: its temporaries were the assessment's peak
     # (at 300k GetNexts, 8 MB on top of the 40 MB the model then held).
-    startup_compute = _startup_compute(compute, segment, index, recreated) if workers else 0.0
+    startup_rows = _startup_rows(segment, recreated, segments)
+    startup_compute = _startup_compute(compute, segment, index, recreated, startup_rows) if workers else 0.0
     settings = Settings(workers, loader.prefetch_factor, loader.in_order, persistent)
     matched = _fetch_matches(loader, process.fetches) if workers else None
     # (service, each batch's time in a worker: each branch below makes it its own way)
@@ -493,7 +494,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     del per_speed, base, cpu
     model.contention = contention
     model.startup_compute_us = startup_compute
-    model.startup_rows = _startup_rows(segment, recreated, segments)
+    model.startup_rows = startup_rows
     if workers:
         model.idle_compute_us, model.idle_full_wait_us = _idle_compute(
             compute, wait, index, segment, workers, model.startup_rows, delivery, model.mean_compute_us)
@@ -517,16 +518,15 @@ def _not_measured(n: int) -> np.ndarray:
 MIN_STARTS_FOR_COMPUTE = 3
 
 
-def _startup_compute(compute, segment, index, recreated) -> float:
-    """Per start of new workers: the first half of an iterator's compute beyond its second
-    half's, by batch position, as the median over the iterators that started workers."""
+def _startup_compute(compute, segment, index, recreated, startup_rows) -> float:
+    """Per start of new workers: the first half of an iterator's compute (its `startup_rows`)
+    beyond its second half's, by batch position, as the median over the iterators that started
+    workers."""
     if recreated.sum() < MIN_STARTS_FOR_COMPUTE:
         return 0.0
-    sizes = np.bincount(segment)
-    half = sizes[segment] // 2
     fresh = recreated[segment]
-    steady = compute[fresh & (index >= half)]
-    early = fresh & (index < half)
+    early = index < startup_rows[segment]  # (0 rows where no workers started)
+    steady = compute[fresh & ~early]
     if not len(steady) or not early.any():
         return 0.0
     by_position = pd.Series(compute[early]).groupby(index[early]).median()
@@ -835,7 +835,7 @@ def _idle_charged(idle, k: int, wait: float) -> float:
 
 
 def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, delivery, first, idle):
-    received, ready, stored = delivery
+    waited, ready, stored = delivery
     free = list(ready_at)
     returned = []
     waits, charged = [], []
@@ -850,7 +850,7 @@ def _replay_in_order(cost, compute, ready_at, speed, workers, prefetch, delivery
         if done < latest:
             back = now + stored
         elif done > now:
-            back = done + received
+            back = done + waited
         else:
             back = now + ready
         if done > latest:
