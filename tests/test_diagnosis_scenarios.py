@@ -346,6 +346,14 @@ NOT_HELPING_SHARE = 0.5
 NOT_HELPING_GROUPS = 2
 NOT_HELPING_MISSES = 1
 NOT_HELPING_P = 0.05
+# A planted run may name no slow worker where the books show its fault under the finding's bar.
+# The budget's imbalance part is 0.45-0.89x the books' extra wait on the slow worker's batches
+# (books_slow_worker_extra_s) over 8 distinct planted runs of this job (2026-12-05 and -06, quiet
+# suites); so from 1/0.45 = 2.2 bars of books' extra wait the part clears the bar (MIN_SHARE_OF_JOB
+# of the job) on every one of them. The one run that named none, in a quiet suite on 2026-12-06,
+# had 1.5 bars (0.18 s of extra wait, a part of 0.116 s against a bar of 0.121 s); the others
+# 2.1-8.0 bars.
+HIDDEN_UNDER_BAR_BARS = 2.5
 
 # Findings per scenario: the one its planted cause must produce, and ones that would be wrong.
 EXPECTED = {"latency": "more_workers", "cpu": "cpu_saturated", "slow_worker": "slow_worker",
@@ -448,6 +456,18 @@ def steady_books(run: Run) -> tuple[float, float]:
     steady = [i % settings["batches"] >= first_round for i in range(run.books["batches"])]
     waits = sum(w for w, keep in zip(run.books["waits_s"], steady) if keep)
     return waits, sum(h for h, keep in zip(run.books["handovers_s"], steady) if keep)
+
+
+def books_slow_worker_extra_s(run: Run) -> float:
+    """The books' steady wait on the slow worker's batches beyond what as many of the other
+    workers' batches waited (their mean). In order, batch i of an epoch comes from worker
+    i % num_workers (torch's _reset starts each epoch's round robin at worker 0)."""
+    settings = run.books["settings"]
+    workers, per_epoch, slow = settings["num_workers"], settings["batches"], settings["slow_worker_id"]
+    steady = [(i % per_epoch, wait) for i, wait in enumerate(run.books["waits_s"]) if i % per_epoch >= workers]
+    slow_waits = [wait for i, wait in steady if i % workers == slow]
+    other_waits = [wait for i, wait in steady if i % workers != slow]
+    return sum(slow_waits) - len(slow_waits) * statistics.mean(other_waits)
 
 
 def others_busy(run: Run) -> bool:
@@ -837,13 +857,18 @@ def test_out_of_order_delivery_is_proposed_where_the_re_runs_gain_and_only_there
     assert len(today) == len(changed) == 2 * NOT_HELPING_GROUPS
     named = []
     for run in today:
-        if host_was_loaded(run) and "slow_worker" not in ids(run.result):
-            continue  # (other load hides the slow worker further: see NOT_HELPING_SHARE)
+        bars = books_slow_worker_extra_s(run) / (MIN_SHARE_OF_JOB * run.books["training_s"])
+        if "slow_worker" not in ids(run.result) and (host_was_loaded(run) or bars < HIDDEN_UNDER_BAR_BARS):
+            # Other load hides the slow worker further (see NOT_HELPING_SHARE), or the books show
+            # its fault near the finding's bar (see HIDDEN_UNDER_BAR_BARS).
+            print(f"no slow worker named: {bars:.2f} bars of books' extra wait, loaded {host_was_loaded(run)}")
+            continue
         found = finding(run.result, "slow_worker")
         assert found.evidence["worker_id"] == run.books["settings"]["slow_worker_id"], found.evidence
         assert found.change in (None, {"in_order": False}), found.change
         assert (found.change is None) == ("would not help" in found.text), found.text
         named.append(found)
+    assert named or any(host_was_loaded(run) for run in today), "no planted run named the slow worker on a quiet host"
     compared = ab_means(today, changed, {"in_order": False})
     imbalance = statistics.mean(only_budget(run).parts["imbalance"] for run in today)
     removed = statistics.mean(run.books["wait_s"] for run in today) - compared["fixed_wait_s"]
