@@ -738,6 +738,26 @@ def marks(driver, graph_id: str) -> list:
     """, graph_id)
 
 
+def test_at_1440_a_main_process_batch_reads_main_process_whole(dash_duo, tmp_path):
+    written = write(tmp_path / "trial", num_workers=0)
+    want = expected(written)
+    start(dash_duo, tmp_path, tmp_path / "trial")
+    driver = dash_duo.driver
+    at_size(driver, 1440, 900)
+    wait_loaded(dash_duo, want["getnext"])
+    row = table_rows(dash_duo, "getnext-outliers")[0]
+    cell = row.find_element("css selector", ".ag-cell[col-id='worker_id']")
+    scroll_to(driver, row)
+    assert cell.text == display.MAIN_PROCESS
+    # Drawn whole: neither the cell nor its value is cut short (an ellipsis shows "main pro…").
+    cut = driver.execute_script("""
+        return [arguments[0], ...arguments[0].querySelectorAll('*')].filter(
+            (e) => e.scrollWidth > e.clientWidth).map((e) => [e.className, e.scrollWidth, e.clientWidth]);
+    """, cell)
+    assert cut == [], cut
+    assert table_fit(driver, "getnext-outliers")["scroll"] <= table_fit(driver, "getnext-outliers")["width"]
+
+
 def test_at_1440_the_tables_fit_an_outlier_is_marked_and_the_header_hides_nothing(dash_duo, tmp_path):
     from dashboard.web.layout import OUTLIER_COLUMNS, OUTLIER_TABLES
 

@@ -161,7 +161,8 @@ _DURATION = {"headerName": "duration", "field": "duration", "minWidth": 78, "fle
              "cellClass": "number"}
 _NODE = {"headerName": "node", "field": "node", "tooltipField": "node", "minWidth": 84, "flex": 1.8}
 _PID = {"headerName": "pid", "field": "pid", "minWidth": 58, "flex": 1, "cellClass": "number"}
-_WHO = [{"headerName": "worker", "field": "worker_id", "minWidth": 62, "flex": 1, "cellClass": "number"}, _PID, _NODE]
+# (A batch of the training process itself reads "main process": 94 px with the cell's padding.)
+_WHO = [{"headerName": "worker", "field": "worker_id", "minWidth": 100, "flex": 1, "cellClass": "number"}, _PID, _NODE]
 _ITERATOR = {"headerName": "iterator", "field": "type_short", "tooltipField": "type", "minWidth": 128, "flex": 2.4}
 OUTLIER_COLUMNS = {
     Ids.INIT_OUTLIERS: [_START, _DURATION, _ITERATOR, _PID, _NODE],
