@@ -349,8 +349,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     measured = False
     if not workers:  # the main process loads each batch inside next()
         service = wait.copy()
-        delivery = delivery_base = waited = ready_cost = stored_cost = out_of_order = 0.0
-        ready_measured = False
+        delivery = delivery_base = 0.0
+        costs = _DeliveryCosts.every(0.0)
     elif matched is not None and matched["duration_us"].notna().mean() >= 0.5:
         fetch_start = matched["start_us"].to_numpy(dtype=np.float64, na_value=np.nan)
         fetch_end = matched["end_us"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -374,8 +374,7 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
             delivery_base = delivery
         else:
             delivery_base = min(delivery, _delivery_from_waits(wait[ready_before]))
-        waited, ready_cost, stored_cost, out_of_order, ready_measured = _delivery_by_path(
-            segment, fetch_end, ask, handover, settings.in_order, delivery, delivery_base)
+        costs = _delivery_by_path(segment, fetch_end, ask, handover, settings.in_order, delivery, delivery_base)
         # Start-up of the workers an iterator created: from its first GetNext to each
         # worker's first fetch, plus that fetch's time beyond the worker's median.
         for w in range(workers):
@@ -394,8 +393,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     else:
         # Without fetch events a next() cannot be told to have taken its batch from the queue
         # or from the stored ones: every one is charged the same.
-        delivery = delivery_base = waited = ready_cost = stored_cost = out_of_order = _delivery_from_waits(wait)
-        ready_measured = False
+        delivery = delivery_base = _delivery_from_waits(wait)
+        costs = _DeliveryCosts.every(delivery)
     if workers and not measured:
         service, startup = _inferred_service(
             segment, index, worker, ask, ret, wait, delivery, workers,
@@ -457,9 +456,9 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
 
     model = PipelineModel(
         settings=settings, delivery_us=float(delivery), delivery_base_us=float(delivery_base),
-        handoff_us=float((ready_cost if ready_measured else delivery) - delivery_base),
-        waited_us=float(waited), ready_us=float(ready_cost), stored_us=float(stored_cost),
-        out_of_order_us=float(out_of_order),
+        handoff_us=float((costs.ready_us if costs.ready_measured else delivery) - delivery_base),
+        waited_us=float(costs.waited_us), ready_us=float(costs.ready_us), stored_us=float(costs.stored_us),
+        out_of_order_us=float(costs.out_of_order_us),
         service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
@@ -622,8 +621,22 @@ def _delivery_from_waits(wait: np.ndarray) -> float:
     return min(float(np.median(short)) if len(short) else low, DELIVERY_CAP_US)
 
 
-def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
-                      delivery_base) -> tuple[float, float, float, float, bool]:
+@dataclass(frozen=True)
+class _DeliveryCosts:
+    """What each kind of next() costs beyond its batch's fetch (us; _delivery_by_path)."""
+    waited_us: float
+    ready_us: float
+    stored_us: float
+    out_of_order_us: float
+    ready_measured: bool  # ready_us is the mean of MIN_RECEIVED or more (else a midpoint)
+
+    @classmethod
+    def every(cls, cost_us: float) -> _DeliveryCosts:
+        """One cost for every next(): where they cannot be told apart."""
+        return cls(cost_us, cost_us, cost_us, cost_us, False)
+
+
+def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery, delivery_base) -> _DeliveryCosts:
     """What a next() costs beyond its batch's fetch (us): in order, (waiting for its batch and
     taking it from the result queue, taking it from the queue where it already was when next()
     asked, returning one taken off the queue earlier and stored); out of order, taking its own
@@ -717,7 +730,7 @@ def _delivery_by_path(segment, fetch_end, ask, handover, in_order, delivery,
         out_of_order = float(np.sum(handover[received])) / np.count_nonzero(measured)
     ready_measured = np.count_nonzero(there) >= MIN_RECEIVED
     ready = _mean(handover[there]) if ready_measured else (stored_cost + waited) / 2
-    return waited, ready, stored_cost, out_of_order, bool(ready_measured)
+    return _DeliveryCosts(waited, ready, stored_cost, out_of_order, bool(ready_measured))
 
 
 def _inferred_service(segment, index, worker, ask, ret, wait, delivery, workers, prefetch, first_ask,
