@@ -52,9 +52,12 @@ def test_a_trial_larger_than_the_cache_is_shown_with_a_message_saying_so(tmp_pat
         panels = show(page, store)
         assert EVICTED_WORDS not in str(panels.get("error-message.children")), panels.get("error-message.children")
         assert shown_counts(panels) == counts(written)
-        # Loaded again, from a page of its own: shown again.
+        # Loaded again, from a page of its own: shown again, and again said not to be kept.
         other = server.page()
-        again = load(other, trial, timeout_s=120).values["trial-store.data"]
+        second = load(other, trial, timeout_s=120)
+        message = second.values.get("error-message.children") or ""
+        assert NOT_KEPT_WORDS in message and "size limit" in message, message
+        again = second.values["trial-store.data"]
         assert again["key"] == store["key"]
         assert shown_counts(show(other, again)) == counts(written)
         assert server.alive() and not TRACEBACK.search(server.log()), server.log()

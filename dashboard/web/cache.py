@@ -604,17 +604,22 @@ class TrialCache:
         """Why the disk did not keep what this thread's last load read (None: it kept it all)."""
         return getattr(self._local, "not_kept", None)
 
+    def _source(self, key: str) -> tuple | None:
+        """(path, load options, why the disk did not keep it) of a trial the disk could not keep:
+        how to read it again (trial()); None for any other."""
+        try:
+            return self.disk.get(f"source:{key}")
+        except Exception:  # noqa: BLE001 - as _get: none to read again
+            return None
+
     def trial(self, key: str) -> Trial | None:
         """A loaded trial by key, or None when it is not (or no longer) cached. One the disk could
         not keep is read again, into this process's memory, while its files are as they were."""
         found = self._get(f"trial:{key}")
         if found is None:
-            try:
-                source = self.disk.get(f"source:{key}")
-            except Exception:  # noqa: BLE001 - as _get: none to read again
-                source = None
+            source = self._source(key)
             if source is not None:
-                path, options = source
+                path, options = source[:2]
                 again, found, _ = self.load(path, **options)
                 if again != key:  # the trial changed since: not the one asked for
                     found = None
@@ -666,7 +671,13 @@ class TrialCache:
             # Kept in this process's memory only: how to read it again, for the other processes
             # (the page's own server process draws it) and for this one once it is forgotten.
             options = {"roots": roots, "s3_buckets": s3_buckets, "max_bytes": max_bytes, "max_events": max_events}
-            self._keep(f"source:{key}", (path, options))
+            self._keep(f"source:{key}", (path, options, self.not_kept()))
+        elif self.not_kept() is None and cached and f"trial:{key}" not in self.disk:
+            # Served from this process's memory (it read the trial before): the disk still does
+            # not keep it, and the page says so again.
+            source = self._source(key)
+            if source is not None:
+                self._local.not_kept = source[2] if len(source) > 2 else "it was not kept when read"
         return key, trial, cached
 
     def listing(self, path: str, *, roots: Sequence[str] | None = None, s3_buckets: Sequence[str] | None = None,
