@@ -30,8 +30,8 @@ planted DataLoader settings (every setting can be changed from the command line:
 - cpu: every sample spins a pure-Python arithmetic loop (a fixed amount of work, so it
   stretches when the cores are shared); 2 workers plus the main process already use both
   cores, so more workers do not help.
-- slow_worker: worker 1 sleeps 4x longer per sample than the other 7; in-order delivery
-  makes every round of 8 batches wait for it; out of order (in_order=False) it gets fewer.
+- slow_worker: worker 1 sleeps 4x longer per sample than the other 3; in-order delivery
+  makes every round of 4 batches wait for it; out of order (in_order=False) it gets fewer.
 - startup: the Dataset opens its "index" lazily, 0.4 s per process (like
   examples/sample-trial/record.py), and the workers are not persistent over 8 short
   epochs, so every epoch's first batch pays it again; persistent_workers=True pays it once.
@@ -82,8 +82,8 @@ CLASSES = 10
 # more than half; each run 3-8 s on 2 cores, plus 1.5 s of start-up.
 #   latency: a batch's fetch takes ~66 ms against ~5 ms of compute, 2 workers: ~28 ms wait per batch.
 #   cpu: ~32 ms of pure-Python work per batch, 2 workers and the main process on 2 cores.
-#   slow_worker: 32 ms per batch on 7 workers, 128 ms on worker 1; in order a round of 8 batches
-#     takes 128 ms (16 ms a batch), out of order the 8 workers deliver one every ~4.4 ms; two
+#   slow_worker: 32 ms per batch on 3 workers, 128 ms on worker 1; in order a round of 4 batches
+#     takes 128 ms (32 ms a batch), out of order the 4 workers deliver one every ~9.8 ms; two
 #     long epochs, as each epoch's first round (start-up) also waits for worker 1.
 #   startup: 0.4 s per worker process and epoch against ~12 batches x 5 ms of compute.
 #   clean: ~2 ms per batch on 2 workers against ~11 ms of compute (hidden=2560): the only wait

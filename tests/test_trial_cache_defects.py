@@ -63,6 +63,24 @@ def test_a_trial_larger_than_the_cache_is_shown_with_a_message_saying_so(tmp_pat
         assert server.alive() and not TRACEBACK.search(server.log()), server.log()
 
 
+def test_why_a_trial_was_not_kept_is_not_told_once_a_later_read_kept_it(tmp_path):
+    """A first read the disk could not keep leaves its reason (with how to read the trial again);
+    a later read that the disk keeps ends it: if the trial is then evicted from the disk while
+    this process still holds it, a Load says nothing of the first refusal."""
+    folder = str(tmp_path / "big")
+    written = synthetic.write_trial(folder, epochs=2, train_batches=8000, val_batches=0)
+    cache_dir = str(tmp_path / "cache")
+    small = TrialCache(cache_dir, 1)
+    key, _, _ = small.load(folder, roots=[str(tmp_path)])
+    assert small.not_kept() is not None and "size limit" in small.not_kept(), small.not_kept()
+    large = TrialCache(cache_dir)
+    assert large.load(folder, roots=[str(tmp_path)])[0] == key and large.not_kept() is None
+    large.disk.delete(f"trial:{key}")  # evicted, while this process holds the trial
+    again_key, again, cached = large.load(folder, roots=[str(tmp_path)])
+    assert again_key == key and cached and getnexts(again) == len(written.of_kind("getnext"))
+    assert large.not_kept() is None, large.not_kept()
+
+
 def test_a_value_its_own_write_culls_is_not_counted_as_kept(tmp_path):
     """Under the size limit alone, but not with the database's own pages: diskcache's culling, in
     the very write, takes the ten least recently used entries, the new one too when there are no

@@ -608,9 +608,10 @@ class TrialCache:
         """(path, load options, why the disk did not keep it) of a trial the disk could not keep:
         how to read it again (trial()); None for any other."""
         try:
-            return self.disk.get(f"source:{key}")
+            source = self.disk.get(f"source:{key}")
         except Exception:  # noqa: BLE001 - as _get: none to read again
             return None
+        return source if isinstance(source, tuple) and len(source) == 3 else None
 
     def trial(self, key: str) -> Trial | None:
         """A loaded trial by key, or None when it is not (or no longer) cached. One the disk could
@@ -677,7 +678,12 @@ class TrialCache:
             # not keep it, and the page says so again.
             source = self._source(key)
             if source is not None:
-                self._local.not_kept = source[2] if len(source) > 2 else "it was not kept when read"
+                self._local.not_kept = source[2]
+        elif not cached and self.not_kept() is None:
+            # Read and kept: a reason kept from an earlier read that the disk refused is no longer
+            # true (a later eviction from the disk is not that refusal).
+            with contextlib.suppress(Exception):  # (as _get's delete: the entry stays, stale)
+                self.disk.delete(f"source:{key}")
         return key, trial, cached
 
     def listing(self, path: str, *, roots: Sequence[str] | None = None, s3_buckets: Sequence[str] | None = None,

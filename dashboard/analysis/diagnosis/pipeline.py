@@ -628,7 +628,7 @@ class _DeliveryCosts:
     ready_us: float
     stored_us: float
     out_of_order_us: float
-    ready_measured: bool  # ready_us is the mean of MIN_RECEIVED or more (else a midpoint)
+    ready_measured: bool  # ready_us is the mean of MIN_RECEIVED or more ready batches
 
     @classmethod
     def every(cls, cost_us: float) -> _DeliveryCosts:
