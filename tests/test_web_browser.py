@@ -755,7 +755,8 @@ def test_at_1440_a_main_process_batch_reads_main_process_whole(dash_duo, tmp_pat
             (e) => e.scrollWidth > e.clientWidth).map((e) => [e.className, e.scrollWidth, e.clientWidth]);
     """, cell)
     assert cut == [], cut
-    assert table_fit(driver, "getnext-outliers")["scroll"] <= table_fit(driver, "getnext-outliers")["width"]
+    fit = table_fit(driver, "getnext-outliers")
+    assert fit["scroll"] <= fit["width"], fit
 
 
 def test_at_1440_the_tables_fit_an_outlier_is_marked_and_the_header_hides_nothing(dash_duo, tmp_path):

@@ -102,10 +102,6 @@ class PipelineModel:
     settings: Settings
     delivery_us: float  # what a GetNext of a batch its worker had finished costs (median)
     delivery_base_us: float  # of it, delivery itself: the short ones' median (see build)
-    # What a batch its worker had finished waited beyond delivery itself to be handed over: the
-    # mean of those taken from the queue (not stored) where MIN_RECEIVED were, else the delivery
-    # cost's (see build).
-    handoff_us: float
     # What the replay charges a next() (see build): in order, one that waited for its batch and
     # took it from the result queue, one whose batch was in the queue when it asked, and one whose
     # batch the main process took off the queue earlier (while it waited for an earlier batch)
@@ -114,6 +110,7 @@ class PipelineModel:
     ready_us: float
     stored_us: float
     out_of_order_us: float
+    ready_measured: bool  # ready_us is the mean of MIN_RECEIVED or more (else a midpoint)
     service_measured: bool  # fetch events (collector) gave the service times
     cpu_measured: bool  # fetch events carried the worker's CPU time
     cores: int | None
@@ -168,6 +165,13 @@ class PipelineModel:
     @property
     def batches(self) -> int:
         return len(self.wait_us)
+
+    @property
+    def handoff_us(self) -> float:
+        """What a batch its worker had finished waited beyond delivery itself to be handed over:
+        the mean of those taken from the queue (not stored) where MIN_RECEIVED were, else the
+        delivery cost's (see _delivery_by_path)."""
+        return (self.ready_us if self.ready_measured else self.delivery_us) - self.delivery_base_us
 
     def compact(self) -> "PipelineModel":
         return compact(self)
@@ -456,9 +460,8 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
 
     model = PipelineModel(
         settings=settings, delivery_us=float(delivery), delivery_base_us=float(delivery_base),
-        handoff_us=float((costs.ready_us if costs.ready_measured else delivery) - delivery_base),
         waited_us=float(costs.waited_us), ready_us=float(costs.ready_us), stored_us=float(costs.stored_us),
-        out_of_order_us=float(costs.out_of_order_us),
+        out_of_order_us=float(costs.out_of_order_us), ready_measured=costs.ready_measured,
         service_measured=measured, cpu_measured=cpu_measured,
         cores=cores, cores_for_workers=cores_for_workers, worker_cpu_cores=worker_cores, speed=speed,
         segment=segment, index=index, worker=worker, wait_us=wait, compute_us=compute, service_us=service,
