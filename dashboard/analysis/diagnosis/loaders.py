@@ -50,8 +50,8 @@ _EVAL_RE = re.compile(r"EVAL|PREDICT", re.IGNORECASE)
 _FAR = 2**62  # "no next GetNext"
 # The calls frame's columns read only while the processes and their loaders are found (each
 # call's process label, pid, iterator class, recorded workers, next start, and the step it fed):
-# the frames the processes and loaders keep leave them out (24 MB each at 3M GetNexts, alive
-# through the assessment otherwise).
+# the frames the processes and loaders keep leave them out (24 MB each at 3M GetNexts, the two
+# labels' categorical codes 3 MB; alive through the assessment otherwise).
 _FINDING_ONLY = ["process", "pid", "cls", "num_workers", "next_start_us", "own_step", "training"]
 
 
@@ -339,7 +339,10 @@ def _calls_frame(framework: pd.DataFrame, found: CallSegments | None = None) -> 
     process_labels, process_codes = per_category(framework["process"], str, "nan")
     class_labels, class_codes = per_category(framework["name"], iterator_class, "")
     rows, segment_ids, start = found.rows, found.segment, found.start_us
-    process_key = np.unique(process_labels, return_inverse=True)[1][process_codes[rows]]
+    # Each distinct label (sorted) and its place among them, of each category's.
+    process_names, process_of_code = np.unique(process_labels, return_inverse=True)
+    class_names, class_of_code = np.unique(class_labels, return_inverse=True)
+    process_key = process_of_code[process_codes[rows]]
     # call_segments has the calls in (process, pid, start) order, its iterators numbered in
     # that order: each iterator is one run, its calls by start (frame order among equal ones).
     # So a stable sort on the process's label alone gives (label, iterator, start), where
@@ -372,21 +375,15 @@ def _calls_frame(framework: pd.DataFrame, found: CallSegments | None = None) -> 
     # copy=False: the columns are its own, and copying them into consolidated blocks took 0.6 s
     # at 3M GetNexts.
     return pd.DataFrame({
-        "process": _categorical(process_labels, process_codes[rows]), "pid": pid,
-        "cls": _categorical(class_labels, class_codes[rows]),
+        # Labels as categoricals: as Python strings, each of these columns was 24 MB at 3M
+        # GetNexts, and taking each iterator's class from them 0.17 s of _segment_configs' 0.31 s.
+        "process": pd.Categorical.from_codes(process_key, process_names), "pid": pid,
+        "cls": pd.Categorical.from_codes(class_of_code.astype(np.int32)[class_codes[rows]], class_names),
         "start_us": start, "end_us": end, "duration_us": framework["duration_us"].to_numpy(dtype=np.int64)[rows],
         "worker_id": column("worker_id"), "num_workers": column("num_workers"),
         "iterator_id": column("iterator_id"), "segment": segment_ids, "index": index_in_segment,
         "next_start_us": next_start, "compute_us": next_start_in_segment - end},
         copy=False).set_axis(_labels_at(framework.index, rows))
-
-
-def _categorical(per_value: np.ndarray, codes: np.ndarray) -> pd.Categorical:
-    """per_value[codes] (per_category's labels, and its codes at some rows) as a categorical of
-    the distinct labels, sorted. As Python strings, each of these columns was 24 MB at 3M
-    GetNexts, and taking each iterator's class from them was 0.17 s of _segment_configs' 0.31 s."""
-    distinct, inverse = np.unique(per_value, return_inverse=True)
-    return pd.Categorical.from_codes(inverse.astype(np.int32)[codes], distinct)
 
 
 def _labels_at(index: pd.Index, rows: np.ndarray) -> pd.Index:
