@@ -339,7 +339,7 @@ def _calls_frame(framework: pd.DataFrame, found: CallSegments | None = None) -> 
     process_labels, process_codes = per_category(framework["process"], str, "nan")
     class_labels, class_codes = per_category(framework["name"], iterator_class, "")
     rows, segment_ids, start = found.rows, found.segment, found.start_us
-    # Each distinct label (sorted) and its place among them, of each category's.
+    # The distinct labels, sorted, and where each category's label is among them.
     process_names, process_of_code = np.unique(process_labels, return_inverse=True)
     class_names, class_of_code = np.unique(class_labels, return_inverse=True)
     process_key = process_of_code[process_codes[rows]]
