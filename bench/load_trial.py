@@ -13,7 +13,7 @@ and 1 GPU of system metrics every 500 ms, then measures in fresh processes:
   the analyses, and its peak RSS (target <= 0.4 s of load).
   reopen: the whole `analyze --json --cache-dir` process on the unchanged trial, whose answer an
   earlier run kept (dashboard/result_cache.py).
-Targets on a 2-core machine: cold <= 1.5 s, peak RSS <= 270 MB.
+Targets on a 2-core machine: cold <= 1.5 s, peak RSS <= 270 MB (257 MiB: the peaks below are in MiB, 2**20 bytes).
 If `smdebug` is importable (here, or in the Python given by --reference-python), its
 PandasFrame + PT_dataloader_analysis run on the same trial, in the same run, for the ratio:
 
@@ -188,14 +188,14 @@ def main() -> int:
     print(f"cold load + 4 analyses  s: {spread([r['cold_s'] for r in runs])}   target <= 1.5")
     print(f"warm load + 4 analyses  s: {spread([r['warm_s'] for r in runs])}")
     print(f"window (10 s) query     s: {spread([r['window_s'] for r in runs])}")
-    print(f"peak RSS               MB: {spread([r['peak_rss_mb'] for r in runs])}   target <= 270")
+    print(f"peak RSS              MiB: {spread([r['peak_rss_mb'] for r in runs])}   target <= 270 MB (257 MiB)")
     print(f"+ verdict, recommendations s: {spread([r['verdict_s'] for r in runs])}   (CLI report, dashboard)")
-    print(f"  peak RSS with them     MB: {spread([r['peak_verdict_mb'] for r in runs])}")
+    print(f"  peak RSS with them    MiB: {spread([r['peak_verdict_mb'] for r in runs])}")
     print(f"whole `analyze --json`  s: {spread([r['wall_s'] for r in cli])}   (the process, as a user runs it)")
-    print(f"  its peak RSS           MB: {spread([r['peak_rss_mb'] for r in cli])}")
-    print(f"  shared memory at most  MB: {spread([r['shared_mb'] for r in cli])}   (the tables the parse workers "
+    print(f"  its peak RSS          MiB: {spread([r['peak_rss_mb'] for r in cli])}")
+    print(f"  shared memory at most MiB: {spread([r['shared_mb'] for r in cli])}   (the tables the parse workers "
           f"handed over, which the RSS counts once touched)")
-    print(f"  its peak with it       MB: {spread([r['with_shared_mb'] for r in cli])}   target <= 270 (sampled: "
+    print(f"  its peak with it      MiB: {spread([r['with_shared_mb'] for r in cli])}   target <= 270 MB (257 MiB) (sampled: "
           f"RSS less shared pages, plus the shared memory held)")
     for label in runs[0]["brush"]:
         print(f"brush -> timeline {label:>5} s: {spread([r['brush'][label] for r in runs])}   target <= 0.3")
@@ -210,18 +210,18 @@ def main() -> int:
     print(f"columnar cache: first load writing it {first_write['load_s']:.3f} s; a reopen in a new process:")
     print(f"  load from columns      s: {spread([r['load_s'] for r in warm])}   target <= 0.4")
     print(f"  load + 4 analyses      s: {spread([r['load_analyses_s'] for r in warm])}")
-    print(f"  peak RSS              MB: {spread([r['peak_rss_mb'] for r in warm])}")
+    print(f"  peak RSS             MiB: {spread([r['peak_rss_mb'] for r in warm])}")
     with tempfile.TemporaryDirectory() as cache_dir:
         # The first run fills the folder (columns and answer); the next reopen the unchanged trial.
         reopens = [json.loads(subprocess.run([sys.executable, __file__, "--cli-child", folder, cache_dir],
                                              capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
                    for _ in range(args.runs + 1)][1:]
     print(f"reopen of the unchanged trial, `analyze --json --cache-dir` (its answer kept) s: "
-          f"{spread([r['wall_s'] for r in reopens])}, peak RSS MB: {spread([r['peak_rss_mb'] for r in reopens])}")
+          f"{spread([r['wall_s'] for r in reopens])}, peak RSS MiB: {spread([r['peak_rss_mb'] for r in reopens])}")
     reference_python = args.reference_python or (sys.executable if _smdebug_importable() else None)
     if reference_python is None:
         print("smdebug not importable: reference not run (see --reference-python; it took ~19-22 s and "
-              "790-820 MB on such a trial)")
+              "790-820 MiB on such a trial)")
     else:
         out = subprocess.run([reference_python, __file__, "--reference-child", folder], capture_output=True,
                              text=True, check=True).stdout
@@ -229,7 +229,7 @@ def main() -> int:
         cold = statistics.median(r["cold_s"] for r in runs)
         peak = statistics.median(r["peak_rss_mb"] for r in runs)
         whole = statistics.median(r["wall_s"] for r in cli)
-        print(f"reference smdebug      : {ref['cold_s']:.2f} s, peak RSS {ref['peak_rss_mb']:.0f} MB "
+        print(f"reference smdebug      : {ref['cold_s']:.2f} s, peak RSS {ref['peak_rss_mb']:.0f} MiB "
               f"(one run): {ref['cold_s'] / cold:.1f}x the time of a load + 4 analyses, "
               f"{ref['cold_s'] / whole:.1f}x that of the whole analyze process; {ref['peak_rss_mb'] / peak:.1f}x "
               f"the memory")

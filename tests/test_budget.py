@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import dashboard
@@ -231,6 +232,37 @@ def test_a_per_batch_measure_the_trial_lacks_holds_no_memory_and_a_measured_one_
         else:
             assert model.service_measured and model.handover_us.strides == (8,)
             assert model.handover_us == pytest.approx(np.full(n, 300.0))  # each batch's, as planted
+
+
+def test_the_model_holds_the_calls_own_waits_and_iterators_and_each_batchs_worker_in_16_bits(tmp_path):
+    """The pipeline model reads each batch's wait and iterator from the calls frame's arrays
+    themselves, not copies (24 MB each at 3M GetNexts, alive through the assessment), and holds
+    each batch's worker as int16: the recorded one where it is one of the loader's, else its
+    place in the round (its index mod num_workers)."""
+    from dashboard.analysis.diagnosis import loaders, pipeline
+
+    plant(str(tmp_path), epochs=2, batches=30, num_workers=2)
+    trial = dashboard.load_trial(str(tmp_path))
+    framework = trial.framework.copy()
+    getnext = np.flatnonzero((framework["kind"] == fmt.KIND_GETNEXT).to_numpy())
+    # Batch 4 recorded on the other worker than its place in the round (1, not 0); batches 3, 5
+    # and 8 with no worker, one beyond the loader's two, and a negative one.
+    recorded = framework["worker_id"].copy()
+    for row, value in ((4, 1), (3, None), (5, 7), (8, -1)):
+        recorded.iloc[getnext[row]] = value
+    framework["worker_id"] = recorded
+    (process,) = loaders.processes(framework, trial.system)
+    (loader,) = process.loaders
+    model = pipeline.build(loader, process)
+    calls = loader.calls
+    assert len(calls) == 60
+    assert np.shares_memory(model.wait_us, calls["duration_us"].to_numpy())
+    assert model.wait_us.tolist() == [end - start for start, end in zip(calls["start_us"], calls["end_us"])]
+    assert np.shares_memory(model.segment, calls["segment"].to_numpy())  # (its iterators are numbered 0.. already)
+    assert model.segment.tolist() == pd.factorize(calls["segment"].to_numpy())[0].tolist()
+    expected = [int(w) if pd.notna(w) and 0 <= w < 2 else int(i) % 2 for w, i in zip(calls["worker_id"], calls["index"])]
+    assert model.worker.dtype == np.int16 and model.worker.tolist() == expected
+    assert model.worker[:10].tolist() == [0, 1, 0, 1, 1, 1, 0, 1, 0, 1]  # (batch 4's recorded 1; 3, 5, 8 by the round)
 
 
 def _slow_samples_job(folder, init_args: dict) -> None:

@@ -25,7 +25,7 @@ def calls_frame_by_definition(framework: pd.DataFrame) -> pd.DataFrame:
         "process": labels(calls["process"], missing="nan"), "pid": calls["pid"].fillna(-1).astype("int64"),
         "cls": iterator_classes(calls["name"]),
         "start_us": calls["start_us"].astype("int64"), "end_us": calls["end_us"].astype("int64"),
-        "duration_us": calls["duration_us"].astype("int64"), "worker_id": calls["worker_id"],
+        "duration_us": calls["duration_us"].astype("float64"), "worker_id": calls["worker_id"],
         "num_workers": calls["num_workers"], "iterator_id": calls["iterator_id"], "segment": segment},
         index=calls.index)
     calls = calls.sort_values(["process", "segment", "start_us"], kind="stable")
@@ -58,6 +58,23 @@ def trial_frame(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("calls") / "trial")
     synthetic.write_trial(folder, epochs=3, train_batches=30)
     return dashboard.load_trial(folder).framework
+
+
+@pytest.mark.parametrize("segments", [[], [0], [0, 0, 1, 1, 2], [0, 2, 2], [1, 1, 2], [0, 1, 0], [0, 1, 1, 3],
+                                      [3, 3, 4], [0, 0, 0]])
+@pytest.mark.parametrize("epochs", [False, True])
+def test_a_loaders_iterators_are_numbered_as_factorize_numbers_them(segments, epochs):
+    """iterator_codes returns the segments themselves where they are numbered 0.. in order
+    already (one loader of one process: no copy), and factorize's numbers otherwise."""
+    calls = pd.DataFrame({"segment": np.array(segments, dtype=np.int64)})
+    keys = calls["segment"].to_numpy()
+    if epochs:
+        calls["epoch"] = np.arange(len(segments)) % 2
+        keys = pd.MultiIndex.from_arrays([keys, calls["epoch"].to_numpy()])
+    codes = loaders.iterator_codes(calls)
+    assert codes.tolist() == pd.factorize(keys)[0].tolist()
+    in_order = not epochs and segments in ([], [0], [0, 0, 1, 1, 2], [0, 0, 0])
+    assert np.shares_memory(codes, calls["segment"].to_numpy()) == (in_order and len(segments) > 0)
 
 
 @pytest.mark.parametrize("frame", ["job_frame", "trial_frame"])
@@ -162,7 +179,7 @@ def test_each_loaders_calls_are_its_training_iterators_calls_and_one_loader_of_a
     for process in processes:
         # (the columns read only while they are found are not kept: 4 x 24 MB at 3M GetNexts)
         for kept in (process.calls, *(loader.calls for loader in process.loaders)):
-            assert not set(loaders._FINDING_ONLY) & set(kept.columns)
+            assert not set(loaders._FINDING_ONLY + loaders._OWN_STEPS_ONLY) & set(kept.columns)
         training = process.calls[np.isin(process.calls["segment"].to_numpy(), process.training_segments)]
         mine = [loader.calls for loader in process.loaders]
         for calls in mine:

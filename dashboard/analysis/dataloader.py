@@ -242,7 +242,7 @@ class CallSegments:
     Computed once per analysis (call_segments) and handed to what reads it: the batch times
     and the diagnosis's calls frame (0.8 s at 3M GetNexts, each time)."""
     rows: np.ndarray  # positions of the calls in the framework frame, in this order
-    segment: np.ndarray  # iterator id per call in this order: consecutive runs of equal ids
+    segment: np.ndarray  # iterator id per call in this order, from 0: consecutive runs of equal ids
     start_us: np.ndarray
 
 
@@ -302,7 +302,11 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
     for key in ordered_by(order, process, pid, cls, inits_before, iterator_id):
         new[1:] |= key[1:] != key[:-1]
     call_rows, start = ordered_by(order, rows[call_rows], start)
-    return CallSegments(rows=call_rows, segment=np.cumsum(new), start_us=start)
+    # Numbered from 0: one loader of one process then has its iterators numbered as the
+    # pipeline model numbers them (loaders.iterator_codes), which holds this array, not a copy.
+    segment = np.cumsum(new)
+    segment -= 1
+    return CallSegments(rows=call_rows, segment=segment, start_us=start)
 
 
 def iterator_segments(framework: pd.DataFrame) -> pd.Series:

@@ -175,6 +175,9 @@ def _per_worker_median(values: np.ndarray, worker: np.ndarray, mask: np.ndarray,
         mine = values[mask & (worker == w)]
         if len(mine):
             out[w] = np.median(mine)
+    if np.isfinite(out).all():
+        return out
+    # (Only for a worker without values: the median of all of them copied 3M batches twice.)
     fallback = np.median(values[mask]) if mask.any() else (np.median(values) if len(values) else 0.0)
     return np.where(np.isfinite(out), out, fallback)
 
@@ -317,35 +320,40 @@ def budget(process: ProcessTraining, loader: Loader, model: PipelineModel) -> Lo
             first_round = first_round | last
         steady = ~first_round
         base_by_worker = _per_worker_median(g, worker, steady, workers)
-        base = base_by_worker[worker]
-        excess = g - base
-        np.maximum(excess, 0.0, out=excess)
-        # Above both TAIL_FACTOR x its worker's median and that median + TAIL_MIN_US, compared
-        # one at a time (each array of 3M batches is 24 MB, here near the assessment's peak).
-        tail_mask = steady & (g > TAIL_FACTOR * base)
-        tail_mask &= g > base + TAIL_MIN_US
+
+        def excess_of(rows: np.ndarray) -> np.ndarray:
+            """The waits of the batches `rows` selects beyond their worker's median, or 0."""
+            return np.maximum(g[rows] - base_by_worker[worker[rows]], 0.0)
+
+        # Each batch's worker's median and waits beyond it are taken only for the batches a
+        # part sums: for all of them they were two arrays of 3M batches (24 MB each), alive at
+        # the assessment's peak. A tail batch waits over both TAIL_FACTOR x its worker's median
+        # and that median + TAIL_MIN_US.
+        tail_mask = steady & (g > np.maximum(TAIL_FACTOR * base_by_worker, base_by_worker + TAIL_MIN_US)[worker])
         if model.service_measured:
             tail_mask &= _slow_fetch(model)
         else:
             tail_mask &= g > _beyond_spread(g, worker, steady, base_by_worker)[worker]
-        parts["startup"] = float(np.sum(excess[first_round]))
-        parts["tail"] = float(np.sum(excess[tail_mask]))
+        startup_excess = excess_of(first_round)
+        parts["startup"] = float(np.sum(startup_excess))
+        parts["tail"] = float(np.sum(excess_of(tail_mask)))
         steady_wait = wait - parts["startup"] - parts["tail"]
         slow, slow_evidence = _slow_worker(model, base_by_worker, tail_mask)
         evidence.update(slow_evidence)
         if slow is not None:
             others = float(np.max(np.delete(base_by_worker, slow)))
             mine = worker == slow
-            imbalance = float(np.sum(np.maximum(np.minimum(g[mine], base[mine]) - others, 0.0)))
+            imbalance = float(np.sum(np.maximum(np.minimum(g[mine], base_by_worker[slow]) - others, 0.0)))
             on_tail = tail_mask & mine  # its stalls, when they are what makes it slow
             if not model.service_measured and "p_value" in slow_evidence:
                 tail_mask = tail_mask & ~on_tail
-                imbalance += float(np.sum(excess[on_tail]))
-                parts["tail"] -= float(np.sum(excess[on_tail]))
-                steady_wait += float(np.sum(excess[on_tail]))
+                stalls = float(np.sum(excess_of(on_tail)))
+                imbalance += stalls
+                parts["tail"] -= stalls
+                steady_wait += stalls
             parts["imbalance"] = min(imbalance, steady_wait)
-        startup_batches = first_round & (excess > 0)
-        del base, excess  # (let go before the work below: the assessment's peak memory is here)
+        startup_batches = np.zeros(len(g), dtype=bool)
+        startup_batches[first_round] = startup_excess > 0
         throughput = steady_wait - parts["imbalance"]
         # Throughput's batches: steady ones that are neither stalls nor the slow worker's.
         plain = steady & ~tail_mask & (worker != slow if slow is not None else True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 import re
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -49,10 +49,12 @@ MAX_RECORDED_PREFETCH = 4096
 _EVAL_RE = re.compile(r"EVAL|PREDICT", re.IGNORECASE)
 _FAR = 2**62  # "no next GetNext"
 # The calls frame's columns read only while the processes and their loaders are found (each
-# call's process label, pid, iterator class, recorded workers, next start, and the step it fed):
+# call's process label, pid, iterator class, recorded workers and the step it fed):
 # the frames the processes and loaders keep leave them out (24 MB each at 3M GetNexts, the two
 # labels' categorical codes 3 MB; alive through the assessment otherwise).
-_FINDING_ONLY = ["process", "pid", "cls", "num_workers", "next_start_us", "own_step", "training"]
+_FINDING_ONLY = ["process", "pid", "cls", "num_workers", "own_step", "training"]
+# ...and those read only to find each call's own step, left out before the rest is found.
+_OWN_STEPS_ONLY = ["next_start_us"]
 
 
 @dataclass
@@ -120,7 +122,21 @@ def iterator_codes(calls: pd.DataFrame) -> np.ndarray:
     keys = calls["segment"].to_numpy()
     if "epoch" in calls:
         keys = pd.MultiIndex.from_arrays([keys, calls["epoch"].to_numpy()])
+    elif _numbered_in_order(keys):
+        # Already factorize's answer (one loader of one process): the same array, not its
+        # copy (24 MB at 3M GetNexts, held by the pipeline model through the assessment).
+        return keys
     return pd.factorize(keys)[0]
+
+
+def _numbered_in_order(keys: np.ndarray) -> bool:
+    """Whether keys are 0, 1, 2, ... in order, each repeated: non-decreasing from 0 by steps of
+    at most 1 (then each step that changes them is one, and they end at the changes' count)."""
+    if not len(keys):
+        return True
+    changes = keys[1:] != keys[:-1]
+    return (keys.dtype == np.intp and keys[0] == 0 and bool(np.all(keys[1:] >= keys[:-1]))
+            and int(keys[-1]) == int(np.count_nonzero(changes)))
 
 
 @dataclass
@@ -268,8 +284,9 @@ def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.
     containing = ends[np.maximum(before, 0)] > call_start
     containing &= before >= 0
     own = np.searchsorted(starts, call_start, side="left")  # the first step starting at or after the call
-    following = starts[np.minimum(own, len(starts) - 1)] < calls["next_start_us"].to_numpy()
-    following &= own < len(starts)
+    # That step starts before the process's next GetNext: it is one of the steps that do (the
+    # steps by start), which is no gather of each call's step (two more arrays here).
+    following = own < np.searchsorted(starts, calls["next_start_us"].to_numpy(), side="left")
     own[~following] = -1
     del following
     np.copyto(own, before, where=containing)
@@ -279,17 +296,26 @@ def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.
     # decrease (one pid's calls in time order, the usual case), a key was seen before only if its
     # predecessor among them is the same: a look back, not a hash (0.2 s less). The calls that
     # fed none are not containing ones: whether their key was seen decides nothing.
-    key = pd.factorize(calls["pid"].to_numpy())[0].astype(np.int64, copy=False)
-    key *= len(starts) + 1
-    key += own
-    key += 1
-    fed = np.flatnonzero(own >= 0)
-    if bool(np.all(key[fed[1:]] >= key[fed[:-1]])):
+    # With one pid (the usual case) the key is the step itself: no key array is made. (Each
+    # array here is 24 MB at 3M GetNexts, and this runs at the diagnosis's peak.)
+    pid = calls["pid"].to_numpy()
+    if len(pid) and bool(np.all(pid == pid[0])):
+        key = own
+    else:
+        key = pd.factorize(pid)[0].astype(np.int64, copy=False)
+        key *= len(starts) + 1
+        key += own
+        key += 1
+    fed = own >= 0
+    fed_keys = key[fed]
+    if bool(np.all(fed_keys[1:] >= fed_keys[:-1])):
+        repeated = np.zeros(len(fed_keys), dtype=bool)
+        repeated[1:] = fed_keys[1:] == fed_keys[:-1]
         later_in_step = np.zeros(len(key), dtype=bool)
-        later_in_step[fed[1:]] = key[fed[1:]] == key[fed[:-1]]
+        later_in_step[fed] = repeated
     else:
         later_in_step = pd.Series(key).duplicated().to_numpy()
-    del key, fed
+    del key, fed, fed_keys
     own[later_in_step & containing] = -1
     return own
 
@@ -379,7 +405,10 @@ def _calls_frame(framework: pd.DataFrame, found: CallSegments | None = None) -> 
         # GetNexts, and taking each iterator's class from them 0.17 s of _segment_configs' 0.31 s.
         "process": pd.Categorical.from_codes(process_key, process_names), "pid": pid,
         "cls": pd.Categorical.from_codes(class_of_code.astype(np.int32)[class_codes[rows]], class_names),
-        "start_us": start, "end_us": end, "duration_us": framework["duration_us"].to_numpy(dtype=np.int64)[rows],
+        # The waits as the floats the model and the findings compute with (whole numbers of µs,
+        # summed exactly): their array, not a copy of it each (24 MB at 3M GetNexts).
+        "start_us": start, "end_us": end,
+        "duration_us": framework["duration_us"].to_numpy(dtype=np.int64)[rows].astype(np.float64),
         "worker_id": column("worker_id"), "num_workers": column("num_workers"),
         "iterator_id": column("iterator_id"), "segment": segment_ids, "index": index_in_segment,
         "next_start_us": next_start, "compute_us": next_start_in_segment - end},
@@ -591,14 +620,19 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame, processes_per_host:
     # step's peak on the 3M-GetNext trial was 1,383 MB with the copies, 1,285 MB without.
     names, codes = calls_all["process"].cat.categories, calls_all["process"].cat.codes.to_numpy()
     bounds = np.r_[0, np.flatnonzero(codes[1:] != codes[:-1]) + 1, len(codes)]
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        process = names[codes[lo]]
-        process_calls = calls_all if (lo, hi) == (0, len(codes)) else calls_all.iloc[lo:hi]
+    blocks = deque((names[codes[lo]], calls_all if (lo, hi) == (0, len(codes)) else calls_all.iloc[lo:hi])
+                   for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+    # (Held by the blocks alone, so that the columns a process no longer reads are let go: its
+    # own steps' next starts, 24 MB at 3M GetNexts, where one process has all the calls.)
+    del calls_all, codes
+    while blocks:
+        process, process_calls = blocks.popleft()
         rows = None if rows_of is None else rows_of[process]
         process_fw = framework if rows is None or len(rows) == len(framework) else framework.iloc[rows]  # no copy
         starts, ends = _training_steps(process_fw)
         own = _own_steps(process_calls, starts, ends)
-        process_calls = process_calls.assign(own_step=own, training=own >= 0)
+        process_calls = process_calls.drop(columns=_OWN_STEPS_ONLY).assign(own_step=own, training=own >= 0)
+        del own  # (the frame holds its own copy: 24 MB at 3M GetNexts, through the loaders' finding)
         share = process_calls.groupby("segment", sort=False)["training"].mean()
         has_steps = len(starts) > 0
         training = share.index.to_numpy()[share.to_numpy() >= 0.5] if has_steps else np.array([], dtype=np.int64)

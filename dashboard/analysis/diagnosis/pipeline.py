@@ -242,7 +242,8 @@ def _iterator_batches(segment: np.ndarray) -> int:
     Its first and last iterators may be cut by the recording (a profiling window of a few steps
     records a few batches of a long iterator: taken for its length, 64 workers were predicted as
     16); those between them, two or more of one length, ran whole: an epoch's batches."""
-    counts = np.bincount(segment)[np.unique(segment)] if len(segment) else np.zeros(0, np.int64)
+    counts = np.bincount(segment) if len(segment) else np.zeros(0, np.int64)
+    counts = counts[counts > 0]  # (the iterators present, in order: np.unique's sort of 3M batches not needed)
     inner = counts[1:-1]
     return int(inner[0]) if len(inner) >= 2 and (inner == inner[0]).all() else 0
 
@@ -328,10 +329,15 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     first_ask[segment[::-1]] = ask[::-1]  # each segment's first GetNext start
     recorded = calls["worker_id"].to_numpy(dtype=np.float64, na_value=np.nan)
     if workers:
-        worker = np.where(np.isfinite(recorded) & (recorded >= 0), recorded, index % workers).astype(np.int64)
-        worker = np.where(worker < workers, worker, index % workers)
+        # The recorded worker where it is one of the loader's, else the batch's in the cycle.
+        # (Filled in place, in the narrow type: the full-length temporaries of a np.where were
+        # the model's peak.)
+        worker = (index % workers).astype(_worker_type(workers))
+        known = np.isfinite(recorded) & (recorded >= 0) & (recorded < workers)
+        worker[known] = recorded[known]
+        del known
     else:
-        worker = np.full(n, -1, dtype=np.int64)
+        worker = np.full(n, -1, dtype=_worker_type(workers))
     persistent = bool(loader.persistent)
     recreated = np.zeros(segments, dtype=bool)
     if segments:
@@ -470,30 +476,40 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
         replay_segments=np.zeros(0, dtype=np.int64), replay_scale=1.0, replay_cap=0,
         replay_beyond=np.zeros(0, dtype=np.int64),
         latency_base_us=np.zeros(0), cpu_base_us=np.zeros(0), main_cores=main_cores, other_cores=other_cores)
-    # The unstretched parts at speed 1: today's service = (latency + cpu x stretch) x speed.
-    per_speed = speed[worker] if workers else np.ones(n)
-    base = service / per_speed
-    cpu_base = np.minimum(cpu / per_speed, base)
-    model.cpu_base_us = cpu_base
-    model.mean_cpu_us = float(np.mean(cpu_base)) if n else 0.0
     model.mean_compute_us = float(np.mean(compute)) if n else 0.0
     model.iterator_batches = _iterator_batches(segment)
+    # The unstretched parts at speed 1: today's service = (latency + cpu x stretch) x speed.
+    # (In place where it can be, and each array let go once read: the arrays of the batches
+    # held here were the assessment's peak, 24 MB each at 3M batches.)
+    per_speed = speed[worker] if workers else np.ones(n)
+    cpu_base = np.divide(cpu, per_speed)
+    measured_latency = None
     if contention is not None:
         # Measured: the waiting part is what is neither CPU work nor queueing for a core.
-        model.latency_base_us = np.maximum(base - (cpu + runq) / per_speed, 0.0)
+        measured_latency = np.add(cpu, runq)
+        np.divide(measured_latency, per_speed, out=measured_latency)
+    del cpu
+    base = np.divide(service, per_speed)
+    del per_speed
+    np.minimum(cpu_base, base, out=cpu_base)
+    model.cpu_base_us = cpu_base
+    model.mean_cpu_us = float(np.mean(cpu_base)) if n else 0.0
+    if measured_latency is not None:
+        np.subtract(base, measured_latency, out=measured_latency)
+        model.latency_base_us = np.maximum(measured_latency, 0.0, out=measured_latency)
         model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
     else:
         # Today's stretch, first as if nothing waited beyond the CPU work; then the waiting
         # part is what today's service leaves once the CPU work is stretched.
-        model.mean_latency_us = float(np.mean(base - cpu_base)) if n else 0.0
+        latency = np.subtract(base, cpu_base)
+        model.mean_latency_us = float(np.mean(latency)) if n else 0.0
         # A loader without workers loads in one process, as one worker would: same contention.
         sigma = model.stretch(max(workers, 1))
-        latency = cpu_base * sigma
+        np.multiply(cpu_base, sigma, out=latency)
         np.subtract(base, latency, out=latency)
         model.latency_base_us = np.maximum(latency, 0.0, out=latency)
         model.mean_latency_us = float(np.mean(model.latency_base_us)) if n else 0.0
-    # Let go before the replay: the arrays of the batches held here were the assessment's peak.
-    del per_speed, base, cpu
+    del base
     model.contention = contention
     model.startup_compute_us = startup_compute
     model.startup_rows = startup_rows
@@ -506,6 +522,14 @@ def build(loader: Loader, process: ProcessTraining) -> PipelineModel:
     totals = _totals(model, today)
     model.today_us, model.today_idle_charged_us = totals.wait_us, totals.idle_charged_us
     return model
+
+
+def _worker_type(workers: int) -> type:
+    """The narrowest integer that holds each batch's worker, 0..workers-1 or -1 (without workers):
+    int16 for any plausible count (loaders.MAX_RECORDED_WORKERS), where int64 was 24 MB at 3M
+    batches, held through the assessment. Nothing computes with the ids beyond comparing them
+    and indexing by them, so no arithmetic can overflow the narrow type."""
+    return np.int16 if workers <= np.iinfo(np.int16).max else np.int64
 
 
 def _not_measured(n: int) -> np.ndarray:
