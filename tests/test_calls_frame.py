@@ -165,6 +165,23 @@ def test_calls_without_a_process_and_of_a_process_named_nan_are_one_process_as_t
     assert found["next_start_us"].tolist() == [10, 30, 20, 2**62]
 
 
+def test_getnexts_of_no_process_are_left_out_of_the_processes_not_a_failure(trial_frame):
+    """A frame made by hand may hold GetNexts without a process (a trial's reader gives every
+    event its file's): they have no host to be put on, and the processes are those of the
+    others, as without them."""
+    system = pd.DataFrame(columns=["node", "timestamp_us", "type", "name", "dimension", "value"])
+    framework = trial_frame.copy()
+    getnext = np.flatnonzero((framework["kind"] == fmt.KIND_GETNEXT).to_numpy())
+    process = framework["process"].copy()
+    process.iloc[getnext[-3:]] = np.nan
+    framework["process"] = process
+    found = loaders.processes(framework, system)
+    expected = loaders.processes(framework.drop(index=framework.index[getnext[-3:]]), system)
+    assert [p.id for p in found] == [p.id for p in expected] and len(found) == 1
+    assert [len(loader.calls) for loader in found[0].loaders] == [len(loader.calls) for loader in expected[0].loaders]
+    assert not set(framework.index[getnext[-3:]]) & set(found[0].calls.index)
+
+
 @pytest.mark.parametrize("frame", ["job_frame", "trial_frame"])
 def test_each_loaders_calls_are_its_training_iterators_calls_and_one_loader_of_all_shares_them(frame, request):
     """A loader's calls are the calls of the training iterators of its configuration (the

@@ -627,6 +627,10 @@ def processes(framework: pd.DataFrame, system: pd.DataFrame, processes_per_host:
     del calls_all, codes
     while blocks:
         process, process_calls = blocks.popleft()
+        if process not in identity:
+            # GetNexts of no process (only a frame made by hand has them: a trial's reader gives
+            # every event its file's process): no host or rank to put them on.
+            continue
         rows = None if rows_of is None else rows_of[process]
         process_fw = framework if rows is None or len(rows) == len(framework) else framework.iloc[rows]  # no copy
         starts, ends = _training_steps(process_fw)
