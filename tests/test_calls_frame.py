@@ -125,17 +125,18 @@ def _own_steps_by_definition(calls: pd.DataFrame, starts: np.ndarray, ends: np.n
     return out
 
 
-@pytest.mark.parametrize("in_time_order", [True, False])
+@pytest.mark.parametrize("in_time_order, pids", [(True, 1), (False, 1), (False, 2)])
 @pytest.mark.parametrize("seed", range(6))
-def test_each_call_feeds_the_step_the_rule_gives(seed, in_time_order):
+def test_each_call_feeds_the_step_the_rule_gives(seed, in_time_order, pids):
     # In time order with one pid, the calls' (pid, step) keys never decrease and _own_steps looks
-    # back instead of hashing; shuffled, with two pids, it hashes: both are the rule.
+    # back instead of hashing; shuffled, it hashes the steps (one pid: the step is the key) or
+    # the (pid, step) keys (two): each is the rule.
     rng = np.random.default_rng(seed)
     starts = np.sort(rng.choice(np.arange(0, 4000, 10), size=60, replace=False))
     gaps = np.diff(np.r_[starts, 4000])
     ends = starts + np.maximum(1, (gaps * rng.uniform(0.2, 1.0, size=len(starts))).astype(int))  # some gaps
     call_start = np.sort(rng.integers(0, 4000, size=240))  # several calls in most steps
-    pid = np.full(len(call_start), 7) if in_time_order else rng.choice([7, 8], size=len(call_start))
+    pid = np.full(len(call_start), 7) if pids == 1 else rng.choice([7, 8], size=len(call_start))
     next_start = np.r_[call_start[1:], 2**62]
     calls = pd.DataFrame({"start_us": call_start, "next_start_us": next_start, "pid": pid})
     if not in_time_order:

@@ -117,10 +117,11 @@ class PipelineModel:
     cores_for_workers: float | None  # None: unknown, no stretching modelled
     worker_cpu_cores: float | None  # the workers' CPU use today, in cores
     speed: np.ndarray  # per worker: its median service over all workers' median
-    # every batch
+    # every batch (segment, index and wait_us are the calls frame's own arrays, shared: never
+    # written in place)
     segment: np.ndarray  # 0.. in time order
     index: np.ndarray
-    worker: np.ndarray  # the worker that served it, -1 unknown / main process
+    worker: np.ndarray  # the worker that served it, -1 unknown / main process (int16)
     wait_us: np.ndarray
     compute_us: np.ndarray
     service_us: np.ndarray  # as served today (NaN for a single-process loader: wait_us)
