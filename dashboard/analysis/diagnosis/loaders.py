@@ -134,9 +134,10 @@ def _numbered_in_order(keys: np.ndarray) -> bool:
     at most 1 (then each step that changes them is one, and they end at the changes' count)."""
     if not len(keys):
         return True
-    changes = keys[1:] != keys[:-1]
-    return (keys.dtype == np.intp and keys[0] == 0 and bool(np.all(keys[1:] >= keys[:-1]))
-            and int(keys[-1]) == int(np.count_nonzero(changes)))
+    if keys.dtype != np.intp or keys[0] != 0:
+        return False
+    return (bool(np.all(keys[1:] >= keys[:-1]))
+            and int(keys[-1]) == int(np.count_nonzero(keys[1:] != keys[:-1])))
 
 
 @dataclass
@@ -299,7 +300,7 @@ def _own_steps(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.
     # With one pid (the usual case) the key is the step itself: no key array is made. (Each
     # array here is 24 MB at 3M GetNexts, and this runs at the diagnosis's peak.)
     pid = calls["pid"].to_numpy()
-    if len(pid) and bool(np.all(pid == pid[0])):
+    if bool(np.all(pid == pid[0])):  # (the calls are not empty: returned above)
         key = own
     else:
         key = pd.factorize(pid)[0].astype(np.int64, copy=False)
