@@ -41,6 +41,11 @@ planted DataLoader settings (every setting can be changed from the command line:
   (worker 0's, unless the machine's load shifts the phase), although neither is slower.
 - contention: the clean job on a host that other processes keep busy (`--hogs` of them, each
   a busy loop for the whole run): finished batches wait for a core to be handed over.
+- zipped: latency's loader zipped with a fast companion of the same settings (its samples
+  sleep `--companion-sleep-ms`), as `zip(labeled, unlabeled)` does: each step asks the planted
+  loader, then the companion, and trains on both batches. The books keep the companion's
+  waits apart (companion_waits_s) and count them in wait_s; a setting from the command line
+  changes the planted loader alone (the finding names it: the first of two alike).
 
 The compute is real: an MLP (256 -> 1536 -> 1536 -> 10) trained with SGD, one thread,
 about 4-6 ms per batch of 16 on a quiet core of the 2-core CI machine (2-3x that with both
@@ -100,9 +105,10 @@ FAULTS = {
     "clean": dict(num_workers=2, persistent=True, epochs=2, batches=80, sleep_ms=0.1, hidden=2560),
     "pairing": dict(num_workers=2, persistent=False, epochs=3, batches=24, sleep_ms=6.0),
     "contention": dict(num_workers=2, persistent=True, epochs=2, batches=80, sleep_ms=0.1, hidden=2560, hogs=2),
+    "zipped": dict(num_workers=2, persistent=True, epochs=2, batches=60, sleep_ms=4.0, companion_sleep_ms=0.1),
 }
 COMMON = dict(batch_size=16, prefetch_factor=2, in_order=True, hidden=1536, sleep_ms=0.0, spin=0,
-              slow_worker_id=-1, slow_factor=1.0, open_index_s=0.0, hogs=0)
+              slow_worker_id=-1, slow_factor=1.0, open_index_s=0.0, hogs=0, companion_sleep_ms=None)
 
 
 def _spin(iterations: int) -> int:
@@ -182,6 +188,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--slow-factor", type=float)
     parser.add_argument("--open-index-s", type=float)
     parser.add_argument("--hogs", type=int, help="busy processes beside the job, for the whole run")
+    parser.add_argument("--companion-sleep-ms", type=float,
+                        help="zip the loader with a companion of the same settings whose samples sleep this")
     args = parser.parse_args(argv)
     planted = {**COMMON, **FAULTS[args.fault]}
     for key, value in planted.items():
@@ -194,13 +202,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def settings_of(args) -> dict:
     keys = ["num_workers", "prefetch_factor", "in_order", "persistent", "epochs", "batches", "batch_size",
-            "hidden", "sleep_ms", "spin", "slow_worker_id", "slow_factor", "open_index_s", "hogs"]
+            "hidden", "sleep_ms", "spin", "slow_worker_id", "slow_factor", "open_index_s", "hogs", "companion_sleep_ms"]
     return {"fault": args.fault, **{key: getattr(args, key) for key in keys}}
 
 
-def build_loader(args) -> DataLoader:
-    dataset = ScenarioSamples(args.batches * args.batch_size, args.sleep_ms, args.spin, args.slow_worker_id,
-                              args.slow_factor, args.open_index_s)
+def build_loader(args, sleep_ms: float | None = None) -> DataLoader:
+    """The planted loader; with sleep_ms, a companion of its planted settings (the command line
+    changes the planted loader's alone) whose samples sleep that."""
+    companion = sleep_ms is not None
+    if companion:
+        args = argparse.Namespace(**{**vars(args), **{key: value for key, value in {**COMMON, **FAULTS[args.fault]}.items()
+                                                      if key in ("num_workers", "prefetch_factor", "in_order", "persistent",
+                                                                 "batch_size")}})
+    dataset = ScenarioSamples(args.batches * args.batch_size, sleep_ms if companion else args.sleep_ms,
+                              0 if companion else args.spin, -1 if companion else args.slow_worker_id,
+                              1.0 if companion else args.slow_factor, 0.0 if companion else args.open_index_s)
     options = dict(batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers,
                    collate_fn=stamped_collate)
     if args.num_workers:
@@ -215,10 +231,12 @@ def train(args) -> dict:
                           nn.ReLU(), nn.Linear(args.hidden, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = build_loader(args)
+    companion = build_loader(args, args.companion_sleep_ms) if args.companion_sleep_ms is not None else None
     clock = time.perf_counter
-    waits, handovers, steps, epochs = [], [], [], []
+    waits, handovers, steps, epochs, companion_waits = [], [], [], [], []
     for _ in range(args.epochs):
         it = iter(loader)
+        companion_it = iter(companion) if companion is not None else None
         first_start = last_end = None
         epoch_waits, last_step = [], 0.0
         while True:
@@ -232,6 +250,12 @@ def train(args) -> dict:
             handovers.append(max(got - max(start, collated), 0.0))
             if first_start is None:
                 first_start = start
+            if companion_it is not None:  # zip(loader, companion): the companion asked second
+                more_features, more_labels, _ = next(companion_it)
+                companion_waits.append(clock() - got)
+                got = clock()
+                features, labels = torch.cat([features, more_features]), torch.cat([labels, more_labels])
+                del more_features, more_labels
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(features), labels)
             loss.backward()
@@ -244,12 +268,13 @@ def train(args) -> dict:
             last_end = clock()
             last_step = last_end - got
             steps.append(last_step)
-        del it
+        del it, companion_it
         waits.extend(epoch_waits)
         epochs.append({"batches": len(epoch_waits), "wait_s": sum(epoch_waits),
                        "training_s": (last_end - first_start) if first_start is not None else 0.0,
                        "last_step_s": last_step})
-    return {"waits_s": waits, "handovers_s": handovers, "wait_s": sum(waits), "training_s": sum(e["training_s"] for e in epochs),
+    return {"waits_s": waits, "handovers_s": handovers, "companion_waits_s": companion_waits,
+            "wait_s": sum(waits) + sum(companion_waits), "training_s": sum(e["training_s"] for e in epochs),
             "epochs": args.epochs, "batches": len(waits), "steps_s": steps, "compute_s": sum(steps),
             "epoch_books": epochs}
 

@@ -114,12 +114,14 @@ def test_node_filter(planted, tmp_path):
     assert set(one.trial.system["node"].astype(str)) == {"algo-2"}
 
 
-def _random_framework(seed: int, one_process: bool = False) -> pd.DataFrame:
+def _random_framework(seed: int, one_process: bool = False, recorded: bool = False) -> pd.DataFrame:
     """GetNexts and initializations of two iterator classes on several processes of two
     nodes, with ties in time, missing pids and explicit iterator ids: the cases that decide
     where an iterator ends. one_process: one process, pid and iterator class at distinct times
     (a single-GPU job's loader), whose calls and initializations are in the sorts' order
-    already (dataloader.lexsort_or_none leaves them)."""
+    already (dataloader.lexsort_or_none leaves them). recorded: initializations carry iterator
+    ids too (this project's collector's), so that calls of those iterators interleave with
+    other calls; some calls name an id no initialization has."""
     import random
 
     rng = random.Random(seed)
@@ -137,7 +139,8 @@ def _random_framework(seed: int, one_process: bool = False) -> pd.DataFrame:
                      "pid": 11 if one_process else rng.choice([11, 12, None]),
                      "name": name, "kind": kind, "start_us": start, "end_us": start + rng.randint(0, 900),
                      "worker_id": rng.choice([0, 1, None]),
-                     "iterator_id": rng.choice([None, None, 1, 2]) if kind == "getnext" else None,
+                     "iterator_id": (rng.choice([None, 1, 2, 3, 4]) if recorded else rng.choice([None, None, 1, 2]))
+                     if kind == "getnext" else rng.choice([1, 2, 3]) if recorded else None,
                      "rank": None})
     frame = pd.DataFrame(rows).sort_values("start_us", kind="stable").reset_index(drop=True)
     return frame.astype({"process": "category", "node": "category", "name": "category", "kind": "category", "pid": "Int64",
@@ -145,9 +148,12 @@ def _random_framework(seed: int, one_process: bool = False) -> pd.DataFrame:
 
 
 def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
-    """The batch rule written out plainly: calls of one process in time order; a batch runs
-    to the next call unless process, pid, class, the count of that class's initializations
-    on that process so far, or the iterator id changes between them."""
+    """The batch rule written out plainly. A call whose iterator id an initialization on its
+    process and pid carries: its batch runs to the next call of that id and class on that
+    process and pid, whatever calls come between. The other calls, of one process in time order among
+    themselves: a batch runs to the next such call unless process, pid, class, the count of
+    that class's initializations on that process so far, or the iterator id changes between
+    them."""
     records = frame.to_dict("records")
     for position, row in enumerate(records):
         row["position"] = position
@@ -158,22 +164,33 @@ def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
     calls = sorted((r for r in records if r["kind"] == "getnext"),
                    key=lambda r: (r["process"], r["pid"], r["start_us"], r["position"]))
 
+    initialized = {(i["process"], i["pid"], i["iterator_id"]) for i in inits if i["iterator_id"] >= 0}
+
+    def recorded(call):
+        return call["iterator_id"] >= 0 and (call["process"], call["pid"], call["iterator_id"]) in initialized
+
     def key(call):
+        if recorded(call):
+            return "recorded", call["process"], call["pid"], call["iterator_id"], call["cls"]
         seen = sum(1 for i in inits if (i["process"], i["pid"], i["cls"]) == (call["process"], call["pid"], call["cls"])
                    and i["start_us"] <= call["start_us"])
         return call["process"], call["pid"], call["cls"], seen, call["iterator_id"]
 
+    runs: dict = {}  # the calls of each recorded iterator; the other calls of each process and pid
+    for call in calls:
+        runs.setdefault(key(call) if recorded(call) else (call["process"], call["pid"]), []).append(call)
     return sorted((this["start_us"], following["start_us"], this["node"], this["pid"])  # node: the host
-                  for this, following in zip(calls, calls[1:]) if key(this) == key(following))
+                  for run in runs.values() for this, following in zip(run, run[1:]) if key(this) == key(following))
 
 
+@pytest.mark.parametrize("recorded", [False, True])
 @pytest.mark.parametrize("one_process", [False, True])
 @pytest.mark.parametrize("seed", range(12))
-def test_batchtime_matches_the_rule_written_out(seed, one_process, monkeypatch):
+def test_batchtime_matches_the_rule_written_out(seed, one_process, recorded, monkeypatch):
     from dashboard.analysis import dataloader
     from dashboard.analysis.dataloader import analyze_batchtime, iterator_segments
 
-    frame = _random_framework(seed, one_process)
+    frame = _random_framework(seed, one_process, recorded)
     sorts = []  # (the sorts call_segments and batch_times made: None where rows were in order)
     lexsort_or_none = dataloader.lexsort_or_none
 
@@ -191,8 +208,12 @@ def test_batchtime_matches_the_rule_written_out(seed, one_process, monkeypatch):
     assert (result.batches["batch_time_s"] == (result.batches["end_us"] - result.batches["start_us"]) / 1e6).all()
     segments = iterator_segments(frame)
     assert list(segments.index) == list(frame.index[frame["kind"] == "getnext"])
-    # One process: every sort skipped (the path this case is for); several: sorts made.
-    assert (all(order is None for order in sorts) if one_process else any(order is not None for order in sorts))
+    # One process: every sort skipped (the path this case is for), unless calls of recorded
+    # iterators interleave with others (then they are put together); several: sorts made.
+    if not one_process:
+        assert any(order is not None for order in sorts)
+    elif not recorded:
+        assert all(order is None for order in sorts)
 
 
 def test_batchtime_of_a_trial_without_getnext():

@@ -238,11 +238,13 @@ def ints_or(values: pd.Series, missing: int) -> np.ndarray:
 
 @dataclass
 class CallSegments:
-    """The GetNext calls in (process, pid, start) order, with the iterator each belongs to.
+    """The GetNext calls in (process, pid, start) order, with the iterator each belongs to; the
+    calls of iterators the trial records (call_segments) after a process's other calls, each
+    iterator's together, in the order of their first calls.
     Computed once per analysis (call_segments) and handed to what reads it: the batch times
     and the diagnosis's calls frame (0.8 s at 3M GetNexts, each time)."""
     rows: np.ndarray  # positions of the calls in the framework frame, in this order
-    segment: np.ndarray  # iterator id per call in this order, from 0: consecutive runs of equal ids
+    segment: np.ndarray  # iterator number per call in this order, from 0: each a run of equal numbers
     start_us: np.ndarray
 
 
@@ -293,10 +295,28 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
         inits_before[order] = in_order
     # The calls alone, by process and time.
     call_rows = np.flatnonzero(calls_first)
+    init_at = np.flatnonzero(~calls_first)
+    init_keys = (process[init_at], pid[init_at], ints_or(framework["iterator_id"].iloc[rows[init_at]], -1))
     # (A mask, not call_rows: a gather of 3M of 6M rows five times took 0.2 s.)
     process, pid, cls, start, inits_before = (a[calls_first] for a in (process, pid, cls, start, inits_before))
     iterator_id = ints_or(framework["iterator_id"].iloc[rows[call_rows]], -1)
+    recorded, iterator = _recorded_iterators(process, pid, iterator_id, cls, *init_keys)
     order = lexsort_or_none(start, pid, process)
+    if iterator is not None:
+        # An iterator the trial records (its initialization names its id) is one segment however
+        # the calls of others interleave with its own: zip(loader_a, loader_b) alternates two
+        # iterators call by call, and runs of equal keys made each call an iterator of its own
+        # (240 "iterators" of one batch, all their waits a start-up's). Its calls are put
+        # together, after the process's other calls, in the order of the iterators' first calls;
+        # an iterator created while it runs does not split it. The other calls make their runs
+        # among themselves.
+        inits_before = np.where(recorded, -1, inits_before)
+        in_time = ordered_by(order, process, pid, start, recorded, iterator)
+        regrouped = lexsort_or_none(in_time[2], in_time[4], _first_start(in_time[2], in_time[3], in_time[4]),
+                                    in_time[3], in_time[1], in_time[0])
+        del in_time
+        if regrouped is not None:
+            order = regrouped if order is None else order[regrouped]
     new = np.zeros(len(call_rows), dtype=bool)
     new[:1] = True
     for key in ordered_by(order, process, pid, cls, inits_before, iterator_id):
@@ -309,13 +329,61 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
     return CallSegments(rows=call_rows, segment=segment, start_us=start)
 
 
+def _recorded_iterators(process: np.ndarray, pid: np.ndarray, iterator_id: np.ndarray, cls: np.ndarray,
+                        init_process: np.ndarray, init_pid: np.ndarray, init_iterator_id: np.ndarray,
+                        ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Which calls name an iterator whose initialization on their process and pid carries the
+    same iterator_id (this project's collector numbers every iter() so; a Kineto trace's
+    iterator_id numbers its recording, which has no initialization, and a reference trial's
+    calls have no id), and for those a number per iterator: per process, pid, id and class
+    (calls of two classes under one id are damaged, and each class's its own iterator); -1 for
+    the other calls. (None, None) where no call is of one."""
+    known = init_iterator_id >= 0
+    if not known.any():  # (a reference trial, a Kineto trace: no full-length mask made)
+        return None, None
+    recorded = (iterator_id >= 0) & np.isin(iterator_id, init_iterator_id[known])
+    if not recorded.any():
+        return None, None
+    calls = len(iterator_id)
+    key = _key_codes(*(np.concatenate([of_calls, of_inits[known]]) for of_calls, of_inits in
+                       ((process, init_process), (pid, init_pid), (iterator_id, init_iterator_id))))
+    recorded &= np.isin(key[:calls], key[calls:])
+    return recorded, np.where(recorded, _key_codes(key[:calls], cls), -1)
+
+
+def _key_codes(*keys: np.ndarray) -> np.ndarray:
+    """A number per row for its combination of the keys' values (equal where all are equal).
+    A key of one value adds nothing (the calls of one process: most trials), and no key is
+    combined as a tuple per row (3M GetNexts' MultiIndex took 2 s)."""
+    codes = None
+    for key in keys:
+        if len(key) and (key == key[0]).all():
+            continue
+        key_codes, uniques = pd.factorize(key)
+        codes = key_codes if codes is None else pd.factorize(codes * len(uniques) + key_codes)[0]
+    return np.zeros(len(keys[0]), dtype=np.int64) if codes is None else codes.astype(np.int64, copy=False)
+
+
+def _first_start(start: np.ndarray, recorded: np.ndarray, iterator: np.ndarray) -> np.ndarray:
+    """Per call (by process, pid and start), the start of its recorded iterator's first call;
+    its own start where its iterator is not recorded."""
+    at = np.flatnonzero(recorded)
+    first = np.empty(iterator.max() + 1, dtype=np.int64)
+    first[iterator[at[::-1]]] = start[at[::-1]]  # (the last write is the earliest call's)
+    first_start = start.copy()
+    first_start[at] = first[iterator[at]]
+    return first_start
+
+
 def iterator_segments(framework: pd.DataFrame) -> pd.Series:
     """An id per GetNext naming the iterator that served it (index-aligned with the GetNexts).
 
     Two GetNexts share an id only if they come from one process on one node, from the same
     iterator class, with no initialization of that class on that process between them
     and no GetNext of another class between them. Events of this project's collector
-    carry an explicit iterator_id, which then also splits persistent-worker epochs.
+    carry an explicit iterator_id, which then also splits persistent-worker epochs; where an
+    initialization carries it too, the id alone decides, whatever calls of other iterators
+    come between (zip(loader_a, loader_b) alternates two).
     """
     rows, segment = getnext_segments(framework)
     return pd.Series(segment, index=framework.index[rows], dtype="int64")

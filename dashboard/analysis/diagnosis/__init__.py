@@ -59,10 +59,12 @@ class Assessment:
 
 def _merge_processes(found: list[Recommendation], labels: dict[str, str]) -> list[Recommendation]:
     """One finding per kind and loader: the process where it saves most, naming the other
-    processes (ranks of one job) where the same loader has it."""
+    processes (ranks of one job) where the same loader has it (of loaders alike on a process,
+    the one at the same place: Loader.alike)."""
     by_key: dict[tuple, list[Recommendation]] = {}
     for item in found:
-        by_key.setdefault((item.id, item.evidence.get("loader")), []).append(item)
+        alike = item.evidence.get("alike")
+        by_key.setdefault((item.id, item.evidence.get("loader"), tuple(alike) if alike else None), []).append(item)
     merged = []
     for items in by_key.values():
         items.sort(key=lambda r: -(r.saving_s or 0.0))

@@ -2,7 +2,8 @@
 training windows, the one definition of training time that the verdict, the budget and
 the what-if share.
 
-A loader is the training iterators of one DataLoader configuration on one process. An
+A loader is the training iterators of one DataLoader configuration on one process; iterators of
+one configuration that run side by side (zip(labeled, unlabeled)) are of different loaders. An
 iterator is a training one when most of its batches feed training steps (smdebug's
 `Step:ModeKeys.TRAIN`, after the GetNext; Kineto's `ProfilerStep#N`, around it, first
 GetNext of the step only); without step events every iterator counts.
@@ -82,6 +83,9 @@ class Loader:
     # When each initialization its iterators were matched to began: its own, not those of a loader
     # of the same class with other settings (a train and a validation loader).
     init_starts_us: frozenset[int] = frozenset()
+    # Where loaders of these settings on this process ran side by side (zip(labeled, unlabeled)):
+    # which of them this is (1, 2, ...: in the order of their first batches) and how many.
+    alike: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
@@ -93,7 +97,8 @@ class Loader:
         workers = ("num_workers unknown" if self.num_workers is None else
                    f"num_workers={self.num_workers}, inferred" if self.num_workers_inferred else
                    f"num_workers={self.num_workers}")
-        return f"{self.name} ({workers})"
+        alike = f", {_ordinal(self.alike[0])} of {self.alike[1]} alike" if self.alike else ""
+        return f"{self.name} ({workers}{alike})"
 
     @property
     def records_stop_iteration(self) -> bool:
@@ -114,6 +119,10 @@ class Loader:
     def wait_us(self) -> float:
         return float(self.calls["duration_us"].sum())
 
+
+
+def _ordinal(number: int) -> str:
+    return f"{number}{'th' if 10 <= number % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(number % 10, 'th')}"
 
 
 def iterator_codes(calls: pd.DataFrame) -> np.ndarray:
@@ -370,8 +379,9 @@ def _calls_frame(framework: pd.DataFrame, found: CallSegments | None = None) -> 
     process_names, process_of_code = np.unique(process_labels, return_inverse=True)
     class_names, class_of_code = np.unique(class_labels, return_inverse=True)
     process_key = process_of_code[process_codes[rows]]
-    # call_segments has the calls in (process, pid, start) order, its iterators numbered in
-    # that order: each iterator is one run, its calls by start (frame order among equal ones).
+    # call_segments has the calls in (process, pid, start) order (a recorded iterator's together,
+    # CallSegments), its iterators numbered in that order: each iterator is one run, its calls
+    # by start (frame order among equal ones).
     # So a stable sort on the process's label alone gives (label, iterator, start), where
     # sorting the GetNexts' frame order on all three keys took 0.5 s at 3M GetNexts; the
     # processes are most often in label order already (always, with one), and nothing moves.
@@ -447,13 +457,14 @@ def _plausible(values: pd.Series, low: float, high: float) -> pd.Series:
 
 
 def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
-    """Per training iterator (segment): its process, class and DataLoader settings, from
-    the latest initialization of its class on its process before its first GetNext
-    (one merge_asof, not a search per iterator), else from what its GetNexts say."""
+    """Per training iterator (segment): its process, class and DataLoader settings, from its
+    own initialization where both record an iterator id (this project's collector), else the
+    latest initialization of its class on its process before its first GetNext (one
+    merge_asof, not a search per iterator), else from what its GetNexts say."""
     firsts = calls.groupby("segment", sort=False).agg(
-        pid=("pid", "first"), cls=("cls", "first"), start_us=("start_us", "first"),
+        pid=("pid", "first"), cls=("cls", "first"), start_us=("start_us", "first"), end_us=("end_us", "max"),
         calls=("start_us", "size"), num_workers_seen=("num_workers", "first"),
-        max_worker=("worker_id", "max")).reset_index()
+        max_worker=("worker_id", "max"), iterator_id=("iterator_id", "first")).reset_index()
     firsts["cls"] = firsts["cls"].astype(object)  # as the initializations' (merged on it below)
     firsts = firsts.sort_values("start_us", kind="stable")
     columns = ["pid", "cls", "start_us", "num_workers", "pin_memory", "persistent_workers",
@@ -462,6 +473,16 @@ def _segment_configs(calls: pd.DataFrame, inits: pd.DataFrame) -> pd.DataFrame:
         matched = pd.merge_asof(firsts, inits[columns].rename(columns={"start_us": "init_start_us"})
                                 .assign(start_us=inits["start_us"].to_numpy()),
                                 on="start_us", by=["pid", "cls"], direction="backward")
+        # Iterators made side by side (zip(labeled, unlabeled): both made before either's first
+        # batch) each take their own: the latest before the first batch was the other's.
+        own = inits[inits["iterator_id"].notna()].drop_duplicates(["pid", "cls", "iterator_id"], keep="last")
+        if len(own):
+            by_id = matched[["pid", "cls", "iterator_id"]].merge(
+                own[columns + ["iterator_id"]].rename(columns={"start_us": "init_start_us"}),
+                how="left", on=["pid", "cls", "iterator_id"])
+            hit = by_id["init_start_us"].notna().to_numpy()
+            for column in columns[3:] + ["init_start_us"]:
+                matched[column] = matched[column].mask(hit, by_id[column].to_numpy())
     else:
         matched = firsts.assign(**{c: pd.NA for c in columns[3:]}, init_start_us=pd.NA)
     workers = _plausible(matched["num_workers"].astype("Float64"), 0, MAX_RECORDED_WORKERS)
@@ -486,7 +507,10 @@ def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: n
         return []
     configs = _segment_configs(calls, inits)
     keys = ["pid", "cls", "workers", "pin_memory", "persistent_workers", "prefetch_factor", "in_order"]
-    configs["loader"] = configs.groupby(keys, dropna=False, sort=False, observed=True).ngroup().to_numpy()
+    settings = configs.groupby(keys, dropna=False, sort=False, observed=True).ngroup().to_numpy()
+    lane = _lanes(settings, configs["start_us"].to_numpy(np.int64), configs["end_us"].to_numpy(np.int64))
+    configs["loader"] = pd.MultiIndex.from_arrays([settings, lane]).factorize()[0]
+    lanes_of_settings = pd.Series(lane).groupby(settings).transform("max").to_numpy() + 1
     loader_of = pd.Series(configs["loader"].to_numpy(), index=configs["segment"].to_numpy())
     loader_of_call = loader_of.reindex(calls["segment"].to_numpy()).to_numpy()
     loader_ids = pd.unique(loader_of_call)  # in order of first call, as a group-by without sorting
@@ -515,9 +539,43 @@ def _loaders(process: str, calls: pd.DataFrame, inits: pd.DataFrame, training: n
             in_order=True if in_order is None else in_order,
             calls=group.drop(columns=_FINDING_ONLY),
             seen_from_start=seen_from_start & frozenset(mine["segment"].tolist()),
-            init_starts_us=frozenset(int(at) for at in mine["init_start_us"].dropna().tolist())))
+            init_starts_us=frozenset(int(at) for at in mine["init_start_us"].dropna().tolist()),
+            alike=_alike(lane, lanes_of_settings, configs["loader"].to_numpy() == loader_id)))
     out.sort(key=lambda loader: -loader.wait_us)
     return out
+
+
+def _lanes(settings: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per iterator (by first call), which loader of its settings it is of: iterators that run
+    side by side (zip(labeled, unlabeled): each asked in turn) are of different loaders, each
+    with its own workers, and an iterator follows the first loader whose last iterator ended
+    before it began (an epoch's iterators take their places in the order of their first calls,
+    as the last epoch's did). Two alike loaders were one, their batches mixed: the fast one's
+    made the slow one's look like slow samples."""
+    lane = np.zeros(len(settings), dtype=np.int64)
+    order = np.lexsort((starts, settings))
+    group, begin, end = settings[order], starts[order], ends[order]
+    previous_end = np.r_[np.iinfo(np.int64).min, end[:-1]]
+    previous_end[np.r_[True, group[1:] != group[:-1]]] = np.iinfo(np.int64).min  # (a group's first)
+    ended_before = pd.Series(previous_end).groupby(group).cummax().to_numpy()
+    if not (begin <= ended_before).any():  # (most jobs: one iterator at a time; the loop only where not)
+        return lane
+    lane_ends: dict[int, list[int]] = {}
+    for at, setting, first, last in zip(order.tolist(), group.tolist(), begin.tolist(), end.tolist()):
+        ends_of = lane_ends.setdefault(setting, [])
+        free = next((i for i, lane_end in enumerate(ends_of) if lane_end < first), len(ends_of))
+        if free == len(ends_of):
+            ends_of.append(last)
+        else:
+            ends_of[free] = last
+        lane[at] = free
+    return lane
+
+
+def _alike(lane: np.ndarray, lanes: np.ndarray, mine: np.ndarray) -> tuple[int, int] | None:
+    """Loader.alike of the loader whose iterators are `mine`."""
+    count = int(lanes[mine][0])
+    return (int(lane[mine][0]) + 1, count) if count > 1 else None
 
 
 def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matched: bool,
@@ -548,6 +606,7 @@ def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matc
                                           train["iterator_id"].astype("Float64").fillna(-1).astype("int64")])
         recorded = epoch_ends.reindex(keys).to_numpy(dtype=np.float64, na_value=np.nan)
         known = np.isfinite(recorded) & (recorded >= hi)
+        guessed = np.minimum(guessed, _next_epoch_end(epoch_ends, train["pid"].to_numpy(), hi))
         hi = np.where(known, np.nan_to_num(recorded).astype(np.int64), guessed)
         estimated = bool((~known).any())
     # An evaluation loop run inside a training step (Kineto: before the next prof.step())
@@ -555,6 +614,23 @@ def _windows(calls: pd.DataFrame, training: np.ndarray, starts, ends, steps_matc
     windows = subtract(lo, hi, evaluation["lo"].to_numpy(dtype=np.int64),
                        evaluation["hi"].to_numpy(dtype=np.int64))
     return windows, estimated, pd.DataFrame({"lo": lo, "hi": hi}, index=train.index)
+
+
+def _next_epoch_end(epoch_ends: pd.Series, pids: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Per iterator (its pid, its last batch's end), when the first epoch-ending next() of its
+    pid after that began (_FAR: none). Its last batch's compute ended before it, whichever
+    iterator that next() ended: the loop asked for it after. An iterator zipped with another
+    records no end of its own (zip stops at the first that ends), and its median compute, the
+    other's wait and the step, overshot that end (by 10 ms over two epochs of a zipped job)."""
+    bound = np.full(len(pids), _FAR, dtype=np.int64)
+    if not len(epoch_ends):
+        return bound
+    end_pids = epoch_ends.index.get_level_values(0).to_numpy()
+    for pid in np.unique(pids).tolist():
+        starts = np.append(np.sort(epoch_ends.to_numpy()[end_pids == pid]), _FAR)  # (_FAR: after the last)
+        mine = pids == pid
+        bound[mine] = starts[np.searchsorted(starts, after[mine], side="left")]
+    return bound
 
 
 def _seen_from_start(calls: pd.DataFrame, framework: pd.DataFrame) -> frozenset[int]:

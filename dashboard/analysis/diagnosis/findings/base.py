@@ -51,7 +51,9 @@ class LoaderContext:
         return {"node": self.process.host, "process": self.process.id, "rank": self.process.rank,
                 "loader": self.loader.name, "num_workers": self.loader.num_workers,
                 "num_workers_inferred": self.loader.num_workers_inferred,
-                "batches": self.budget.evidence.get("batches"), "part_s": None, **more}
+                "batches": self.budget.evidence.get("batches"), "part_s": None,
+                # (Only where loaders of these settings ran side by side: which of them, of how many.)
+                **({"alike": list(self.loader.alike)} if self.loader.alike else {}), **more}
 
     def recommend(self, kind: str, text: str, evidence: dict, seconds: float | None,
                   result: WhatIf | None, told: bool = True) -> Recommendation:
