@@ -46,6 +46,11 @@ planted DataLoader settings (every setting can be changed from the command line:
   loader, then the companion, and trains on both batches. The books keep the companion's
   waits apart (companion_waits_s) and count them in wait_s; a setting from the command line
   changes the planted loader alone (the finding names it: the first of two alike).
+- evaluated: latency's job with a validation pass every `--evaluate-every` steps inside the
+  epoch (never after its last step), through a loader of its own (EVAL_LOADER: 1 persistent
+  worker, fast samples), as a loop that validates every N steps does. The books keep the
+  validation's waits apart (eval_waits_s) and count them in wait_s (without step events every
+  iterator is a training one); its time lies inside the epochs' training time.
 
 The compute is real: an MLP (256 -> 1536 -> 1536 -> 10) trained with SGD, one thread,
 about 4-6 ms per batch of 16 on a quiet core of the 2-core CI machine (2-3x that with both
@@ -106,9 +111,13 @@ FAULTS = {
     "pairing": dict(num_workers=2, persistent=False, epochs=3, batches=24, sleep_ms=6.0),
     "contention": dict(num_workers=2, persistent=True, epochs=2, batches=80, sleep_ms=0.1, hidden=2560, hogs=2),
     "zipped": dict(num_workers=2, persistent=True, epochs=2, batches=60, sleep_ms=4.0, companion_sleep_ms=0.1),
+    "evaluated": dict(num_workers=2, persistent=True, epochs=2, batches=60, sleep_ms=4.0, evaluate_every=20),
 }
+# The validation loader of the evaluated job: its settings, its batches a pass and its samples' sleep.
+EVAL_LOADER = dict(num_workers=1, persistent=True, prefetch_factor=2, in_order=True, batches=8, sleep_ms=0.5)
 COMMON = dict(batch_size=16, prefetch_factor=2, in_order=True, hidden=1536, sleep_ms=0.0, spin=0,
-              slow_worker_id=-1, slow_factor=1.0, open_index_s=0.0, hogs=0, companion_sleep_ms=None)
+              slow_worker_id=-1, slow_factor=1.0, open_index_s=0.0, hogs=0, companion_sleep_ms=None,
+              evaluate_every=None)
 
 
 def _spin(iterations: int) -> int:
@@ -190,6 +199,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hogs", type=int, help="busy processes beside the job, for the whole run")
     parser.add_argument("--companion-sleep-ms", type=float,
                         help="zip the loader with a companion of the same settings whose samples sleep this")
+    parser.add_argument("--evaluate-every", type=int, help="a validation pass every this many steps (EVAL_LOADER)")
     args = parser.parse_args(argv)
     planted = {**COMMON, **FAULTS[args.fault]}
     for key, value in planted.items():
@@ -202,27 +212,45 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def settings_of(args) -> dict:
     keys = ["num_workers", "prefetch_factor", "in_order", "persistent", "epochs", "batches", "batch_size",
-            "hidden", "sleep_ms", "spin", "slow_worker_id", "slow_factor", "open_index_s", "hogs", "companion_sleep_ms"]
+            "hidden", "sleep_ms", "spin", "slow_worker_id", "slow_factor", "open_index_s", "hogs", "companion_sleep_ms",
+            "evaluate_every"]
     return {"fault": args.fault, **{key: getattr(args, key) for key in keys}}
 
 
-def build_loader(args, sleep_ms: float | None = None) -> DataLoader:
-    """The planted loader; with sleep_ms, a companion of its planted settings (the command line
-    changes the planted loader's alone) whose samples sleep that."""
-    companion = sleep_ms is not None
-    if companion:
-        args = argparse.Namespace(**{**vars(args), **{key: value for key, value in {**COMMON, **FAULTS[args.fault]}.items()
-                                                      if key in ("num_workers", "prefetch_factor", "in_order", "persistent",
-                                                                 "batch_size")}})
-    dataset = ScenarioSamples(args.batches * args.batch_size, sleep_ms if companion else args.sleep_ms,
-                              0 if companion else args.spin, -1 if companion else args.slow_worker_id,
-                              1.0 if companion else args.slow_factor, 0.0 if companion else args.open_index_s)
+def build_loader(args, sleep_ms: float | None = None, settings: dict | None = None) -> DataLoader:
+    """The planted loader; with sleep_ms, another whose samples sleep that, of `settings` (those
+    of EVAL_LOADER), else of the planted loader's planted settings (the command line changes the
+    planted loader's alone)."""
+    other = sleep_ms is not None
+    if other:
+        settings = settings or {**COMMON, **FAULTS[args.fault]}
+        args = argparse.Namespace(**{**vars(args), **{key: value for key, value in settings.items() if key in (
+            "num_workers", "prefetch_factor", "in_order", "persistent", "batches")}})
+    dataset = ScenarioSamples(args.batches * args.batch_size, sleep_ms if other else args.sleep_ms,
+                              0 if other else args.spin, -1 if other else args.slow_worker_id,
+                              1.0 if other else args.slow_factor, 0.0 if other else args.open_index_s)
     options = dict(batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers,
                    collate_fn=stamped_collate)
     if args.num_workers:
         options.update(multiprocessing_context="fork", prefetch_factor=args.prefetch_factor,
                        persistent_workers=args.persistent, in_order=args.in_order)
     return DataLoader(dataset, **options)
+
+
+def evaluate(model, loader: DataLoader, clock, waits: list) -> None:
+    """One validation pass, each next() timed into waits (the one that ends it not counted)."""
+    it = iter(loader)
+    with torch.no_grad():
+        while True:
+            start = clock()
+            try:
+                features, _, _ = next(it)
+            except StopIteration:
+                break
+            waits.append(clock() - start)
+            model(features)
+            del features
+    del it
 
 
 def train(args) -> dict:
@@ -232,8 +260,9 @@ def train(args) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = build_loader(args)
     companion = build_loader(args, args.companion_sleep_ms) if args.companion_sleep_ms is not None else None
+    validation = build_loader(args, EVAL_LOADER["sleep_ms"], EVAL_LOADER) if args.evaluate_every else None
     clock = time.perf_counter
-    waits, handovers, steps, epochs, companion_waits = [], [], [], [], []
+    waits, handovers, steps, epochs, companion_waits, eval_waits = [], [], [], [], [], []
     for _ in range(args.epochs):
         it = iter(loader)
         companion_it = iter(companion) if companion is not None else None
@@ -268,13 +297,16 @@ def train(args) -> dict:
             last_end = clock()
             last_step = last_end - got
             steps.append(last_step)
+            if validation is not None and len(epoch_waits) % args.evaluate_every == 0 and len(epoch_waits) < args.batches:
+                evaluate(model, validation, clock, eval_waits)
         del it, companion_it
         waits.extend(epoch_waits)
         epochs.append({"batches": len(epoch_waits), "wait_s": sum(epoch_waits),
                        "training_s": (last_end - first_start) if first_start is not None else 0.0,
                        "last_step_s": last_step})
-    return {"waits_s": waits, "handovers_s": handovers, "companion_waits_s": companion_waits,
-            "wait_s": sum(waits) + sum(companion_waits), "training_s": sum(e["training_s"] for e in epochs),
+    return {"waits_s": waits, "handovers_s": handovers, "companion_waits_s": companion_waits, "eval_waits_s": eval_waits,
+            "wait_s": sum(waits) + sum(companion_waits) + sum(eval_waits),
+            "training_s": sum(e["training_s"] for e in epochs),
             "epochs": args.epochs, "batches": len(waits), "steps_s": steps, "compute_s": sum(steps),
             "epoch_books": epochs}
 
