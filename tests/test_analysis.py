@@ -121,7 +121,8 @@ def _random_framework(seed: int, one_process: bool = False, recorded: bool = Fal
     (a single-GPU job's loader), whose calls and initializations are in the sorts' order
     already (dataloader.lexsort_or_none leaves them). recorded: initializations carry iterator
     ids too (this project's collector's), so that calls of those iterators interleave with
-    other calls; some calls name an id no initialization has."""
+    other calls; some calls name an id no initialization has (an iterator made before the
+    recording began), some none."""
     import random
 
     rng = random.Random(seed)
@@ -148,12 +149,12 @@ def _random_framework(seed: int, one_process: bool = False, recorded: bool = Fal
 
 
 def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
-    """The batch rule written out plainly. A call whose iterator id an initialization on its
-    process and pid carries: its batch runs to the next call of that id and class on that
-    process and pid, whatever calls come between. The other calls, of one process in time order among
-    themselves: a batch runs to the next such call unless process, pid, class, the count of
-    that class's initializations on that process so far, or the iterator id changes between
-    them."""
+    """The batch rule written out plainly. A call with an iterator id, on a process and pid
+    with initializations that carry ids: its batch runs to the next call of that id and class
+    on that process and pid, whatever calls come between. The other calls, of one process in
+    time order among themselves: a batch runs to the next such call unless process, pid, class,
+    the count of that class's initializations without an id on that process so far, or the
+    iterator id changes between them."""
     records = frame.to_dict("records")
     for position, row in enumerate(records):
         row["position"] = position
@@ -164,16 +165,16 @@ def _expected_batches(frame: pd.DataFrame) -> list[tuple]:
     calls = sorted((r for r in records if r["kind"] == "getnext"),
                    key=lambda r: (r["process"], r["pid"], r["start_us"], r["position"]))
 
-    initialized = {(i["process"], i["pid"], i["iterator_id"]) for i in inits if i["iterator_id"] >= 0}
+    naming = {(i["process"], i["pid"]) for i in inits if i["iterator_id"] >= 0}
 
     def recorded(call):
-        return call["iterator_id"] >= 0 and (call["process"], call["pid"], call["iterator_id"]) in initialized
+        return call["iterator_id"] >= 0 and (call["process"], call["pid"]) in naming
 
     def key(call):
         if recorded(call):
             return "recorded", call["process"], call["pid"], call["iterator_id"], call["cls"]
         seen = sum(1 for i in inits if (i["process"], i["pid"], i["cls"]) == (call["process"], call["pid"], call["cls"])
-                   and i["start_us"] <= call["start_us"])
+                   and i["start_us"] <= call["start_us"] and i["iterator_id"] < 0)
         return call["process"], call["pid"], call["cls"], seen, call["iterator_id"]
 
     runs: dict = {}  # the calls of each recorded iterator; the other calls of each process and pid
@@ -194,11 +195,11 @@ def test_batchtime_matches_the_rule_written_out(seed, one_process, recorded, mon
     sorts = []  # (the sorts call_segments and batch_times made: None where rows were in order)
     lexsort_or_none = dataloader.lexsort_or_none
 
-    def recorded(*keys):
+    def noted(*keys):
         sorts.append(lexsort_or_none(*keys))
         return sorts[-1]
 
-    monkeypatch.setattr(dataloader, "lexsort_or_none", recorded)
+    monkeypatch.setattr(dataloader, "lexsort_or_none", noted)
     result = analyze_batchtime(frame)
     got = sorted(zip(result.batches["start_us"], result.batches["end_us"], result.batches["node"].astype(str),
                      result.batches["pid"].fillna(-1).astype(int)))

@@ -36,6 +36,8 @@ FAULTS = ["zipped", "evaluated"]
 PLANTED = {"zipped": "(num_workers=2, 1st of 2 alike)", "evaluated": "(num_workers=2)"}
 OTHER = {"zipped": "(num_workers=2, 2nd of 2 alike)", "evaluated": "(num_workers=1)"}
 OTHER_WAITS = {"zipped": "companion_waits_s", "evaluated": "eval_waits_s"}
+# The planted loader's num_workers and place among loaders alike, as its findings' evidence says.
+PLANTED_KEY = {"zipped": (2, [1, 2]), "evaluated": (2, None)}
 OTHER_WORKERS = {"zipped": 2, "evaluated": 1}
 # The other loader's iterators and their batches: the companion's, one an epoch; the validation
 # loader's, a pass every 20 of 60 steps inside each of 2 epochs, 8 batches each (EVAL_LOADER).
@@ -122,17 +124,18 @@ def test_the_slow_loader_is_found_and_no_wrong_cause(jobs, fault):
     planted = budget_of(run, PLANTED[fault])
     assert planted.largest == "throughput" and planted.bound == "latency", (planted.parts, planted.bound)
     # The finding names the planted loader (zipped: the first asked), and none the other but the
-    # host's contention, which a busy host gives its hand-overs too (zipped: 1 of 2 runs under two `yes`).
-    planted_key = (2, [1, 2] if fault == "zipped" else None)
-    assert ("more_workers", *planted_key) in found, found
-    assert all((workers, alike) == planted_key for rid, workers, alike in found if rid != "host_contention"), found
+    # host's contention, which a busy host gives its hand-overs too (zipped: 1 of 2 runs under two
+    # `yes`). (Findings of one process are never merged into one: diagnosis._merge_processes.)
+    assert ("more_workers", *PLANTED_KEY[fault]) in found, found
+    assert all((workers, alike) == PLANTED_KEY[fault] for rid, workers, alike in found if rid != "host_contention"), found
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_the_fix_of_the_slow_loader_does_what_its_finding_predicts(jobs, fault):
     if displaced(jobs.planted(fault)):
         pytest.skip("most of the steady wait was finished batches' hand-over on a loaded host")
-    (recommendation,) = [item for item in jobs.planted(fault).result.recommendations if item.id == "more_workers"]
+    (recommendation,) = [item for item in jobs.planted(fault).result.recommendations if item.id == "more_workers"
+                         and (item.evidence["num_workers"], item.evidence.get("alike")) == PLANTED_KEY[fault]]
     change = recommendation.change
     assert change and set(change) == {"num_workers"}, change
 
@@ -141,8 +144,9 @@ def test_the_fix_of_the_slow_loader_does_what_its_finding_predicts(jobs, fault):
 
     # Means of runs in the order A B B A, on one host load (as the scenario tests compare them).
     planted, *with_fix, last = jobs.steady(fault, fixed, fixed, again)
-    # Each loader of a re-run takes its own initialization's settings, though both iterators were
-    # made before either's first batch (the latest initialization before it was the other's).
+    # Each loader of a re-run takes its own initialization's settings, though another's came
+    # between it and its first batch (zipped: both iterators are made before either's first
+    # batch; evaluated: a validation pass before the epoch's later batches).
     for run in with_fix:
         assert sorted(item.loader for item in run.result.budget) == sorted(
             f"_MultiProcessingDataLoaderIter (num_workers={workers})"

@@ -239,8 +239,8 @@ def ints_or(values: pd.Series, missing: int) -> np.ndarray:
 @dataclass
 class CallSegments:
     """The GetNext calls in (process, pid, start) order, with the iterator each belongs to; the
-    calls of iterators the trial records (call_segments) after a process's other calls, each
-    iterator's together, in the order of their first calls.
+    calls of iterators the trial names (call_segments) after the other calls of their process
+    and pid, each iterator's together, in the order of their first calls.
     Computed once per analysis (call_segments) and handed to what reads it: the batch times
     and the diagnosis's calls frame (0.8 s at 3M GetNexts, each time)."""
     rows: np.ndarray  # positions of the calls in the framework frame, in this order
@@ -279,10 +279,15 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
     pid = ints_or(framework["pid"].iloc[rows], -1)
     cls = _class_codes(framework["name"], rows)
     start = framework["start_us"].to_numpy(dtype=np.int64)[rows]
+    init_at = np.flatnonzero(~calls_first)
+    init_ids = ints_or(framework["iterator_id"].iloc[rows[init_at]], -1)
     # Initializations of the call's class on the call's process that started before it (or
-    # at the same time): a change in that count starts a new iterator.
+    # at the same time): a change in that count starts a new iterator. (Those that name their
+    # iterator's id name the iterators they start: they end none of another id.)
+    counted = ~calls_first
+    counted[init_at[init_ids >= 0]] = False
     order = lexsort_or_none(calls_first, start, cls, pid, process)
-    process_in, pid_in, cls_in, init_in = ordered_by(order, process, pid, cls, ~calls_first)
+    process_in, pid_in, cls_in, init_in = ordered_by(order, process, pid, cls, counted)
     same_group = np.zeros(len(rows), dtype=bool)
     same_group[1:] = ((process_in[1:] == process_in[:-1]) & (pid_in[1:] == pid_in[:-1])
                       & (cls_in[1:] == cls_in[:-1]))
@@ -295,20 +300,20 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
         inits_before[order] = in_order
     # The calls alone, by process and time.
     call_rows = np.flatnonzero(calls_first)
-    init_at = np.flatnonzero(~calls_first)
-    init_keys = (process[init_at], pid[init_at], ints_or(framework["iterator_id"].iloc[rows[init_at]], -1))
+    init_keys = (process[init_at], pid[init_at], init_ids)
     # (A mask, not call_rows: a gather of 3M of 6M rows five times took 0.2 s.)
     process, pid, cls, start, inits_before = (a[calls_first] for a in (process, pid, cls, start, inits_before))
     iterator_id = ints_or(framework["iterator_id"].iloc[rows[call_rows]], -1)
     recorded, iterator = _recorded_iterators(process, pid, iterator_id, cls, *init_keys)
     order = lexsort_or_none(start, pid, process)
     if iterator is not None:
-        # An iterator the trial records (its initialization names its id) is one segment however
-        # the calls of others interleave with its own: zip(loader_a, loader_b) alternates two
-        # iterators call by call, and runs of equal keys made each call an iterator of its own
-        # (240 "iterators" of one batch, all their waits a start-up's). Its calls are put
-        # together, after the process's other calls, in the order of the iterators' first calls;
-        # an iterator created while it runs does not split it. The other calls make their runs
+        # An iterator the trial names (its process's initializations name their iterators' ids)
+        # is one segment however the calls of others interleave with its own: zip(loader_a,
+        # loader_b) alternates two iterators call by call, and runs of equal keys made each call
+        # an iterator of its own (240 "iterators" of one batch, all their waits a start-up's); a
+        # validation pass split a training epoch in three. Its calls are put together, after the
+        # other calls of its process and pid, in the order of the iterators' first calls; an
+        # iterator created while it runs does not split it. The other calls make their runs
         # among themselves.
         inits_before = np.where(recorded, -1, inits_before)
         in_time = ordered_by(order, process, pid, start, recorded, iterator)
@@ -332,23 +337,23 @@ def call_segments(framework: pd.DataFrame) -> CallSegments:
 def _recorded_iterators(process: np.ndarray, pid: np.ndarray, iterator_id: np.ndarray, cls: np.ndarray,
                         init_process: np.ndarray, init_pid: np.ndarray, init_iterator_id: np.ndarray,
                         ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Which calls name an iterator whose initialization on their process and pid carries the
-    same iterator_id (this project's collector numbers every iter() so; a Kineto trace's
-    iterator_id numbers its recording, which has no initialization, and a reference trial's
-    calls have no id), and for those a number per iterator: per process, pid, id and class
-    (calls of two classes under one id are damaged, and each class's its own iterator); -1 for
-    the other calls. (None, None) where no call is of one."""
+    """Which calls name their iterator: those with an iterator_id, of a process and pid whose
+    initializations carry iterator ids (this project's collector numbers every iter() so, its
+    calls and initializations alike; an iterator made before the recording began has an id
+    and no initialization). A Kineto trace's iterator_id numbers its recording, and it records
+    no initialization; a reference trial records no id. For those calls, a number per
+    iterator: per process, pid, id and class (calls of two classes under one id are damaged,
+    and each class's its own iterator); -1 for the other calls. (None, None) where no call
+    names one."""
     known = init_iterator_id >= 0
     if not known.any():  # (a reference trial, a Kineto trace: no full-length mask made)
         return None, None
-    recorded = (iterator_id >= 0) & np.isin(iterator_id, init_iterator_id[known])
+    calls = len(iterator_id)
+    pair = _key_codes(np.concatenate([process, init_process[known]]), np.concatenate([pid, init_pid[known]]))
+    recorded = (iterator_id >= 0) & np.isin(pair[:calls], pair[calls:])
     if not recorded.any():
         return None, None
-    calls = len(iterator_id)
-    key = _key_codes(*(np.concatenate([of_calls, of_inits[known]]) for of_calls, of_inits in
-                       ((process, init_process), (pid, init_pid), (iterator_id, init_iterator_id))))
-    recorded &= np.isin(key[:calls], key[calls:])
-    return recorded, np.where(recorded, _key_codes(key[:calls], cls), -1)
+    return recorded, np.where(recorded, _key_codes(pair[:calls], iterator_id, cls), -1)
 
 
 def _key_codes(*keys: np.ndarray) -> np.ndarray:
@@ -381,9 +386,10 @@ def iterator_segments(framework: pd.DataFrame) -> pd.Series:
     Two GetNexts share an id only if they come from one process on one node, from the same
     iterator class, with no initialization of that class on that process between them
     and no GetNext of another class between them. Events of this project's collector
-    carry an explicit iterator_id, which then also splits persistent-worker epochs; where an
-    initialization carries it too, the id alone decides, whatever calls of other iterators
-    come between (zip(loader_a, loader_b) alternates two).
+    carry an explicit iterator_id, which then also splits persistent-worker epochs; where the
+    process's initializations carry ids too, the id (and class) alone decides, whatever calls
+    of other iterators or initializations come between (zip(loader_a, loader_b) alternates
+    two; a validation pass inside an epoch).
     """
     rows, segment = getnext_segments(framework)
     return pd.Series(segment, index=framework.index[rows], dtype="int64")

@@ -18,6 +18,7 @@ Pure functions of the frames: no I/O, no printing.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -59,12 +60,17 @@ class Assessment:
 
 def _merge_processes(found: list[Recommendation], labels: dict[str, str]) -> list[Recommendation]:
     """One finding per kind and loader: the process where it saves most, naming the other
-    processes (ranks of one job) where the same loader has it (of loaders alike on a process,
-    the one at the same place: Loader.alike)."""
+    processes (ranks of one job) where the same loader has it. Two findings of one process are
+    never one: of its loaders of one class (a training and a validation loader; loaders alike,
+    Loader.alike), each is the same loader as the one at its place on the other processes."""
     by_key: dict[tuple, list[Recommendation]] = {}
+    places: Counter = Counter()
     for item in found:
         alike = item.evidence.get("alike")
-        by_key.setdefault((item.id, item.evidence.get("loader"), tuple(alike) if alike else None), []).append(item)
+        key = (item.id, item.evidence.get("loader"), tuple(alike) if alike else None)
+        place = places[(*key, item.evidence.get("process"))]
+        places[(*key, item.evidence.get("process"))] += 1
+        by_key.setdefault((*key, place), []).append(item)
     merged = []
     for items in by_key.values():
         items.sort(key=lambda r: -(r.saving_s or 0.0))
