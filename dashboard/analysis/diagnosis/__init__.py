@@ -68,9 +68,9 @@ def _merge_processes(found: list[Recommendation], labels: dict[str, str]) -> lis
     for item in found:
         alike = item.evidence.get("alike")
         key = (item.id, item.evidence.get("loader"), tuple(alike) if alike else None)
-        place = places[(*key, item.evidence.get("process"))]
-        places[(*key, item.evidence.get("process"))] += 1
-        by_key.setdefault((*key, place), []).append(item)
+        in_process = (*key, item.evidence.get("process"))
+        by_key.setdefault((*key, places[in_process]), []).append(item)
+        places[in_process] += 1
     merged = []
     for items in by_key.values():
         items.sort(key=lambda r: -(r.saving_s or 0.0))
